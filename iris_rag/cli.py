@@ -1,0 +1,133 @@
+"""The `iris-rag` command: ingest files and ask questions without an MCP client."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+
+import orjson
+from tqdm import tqdm
+
+from iris_rag.errors import RagError
+from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+
+INGEST_BATCH = 256
+
+
+def _batches(items: Iterator[SourceDocument], size: int) -> Iterator[list[SourceDocument]]:
+    while batch := list(islice(items, size)):
+        yield batch
+
+
+def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
+    """Read PATH and ingest it batch by batch, a progress bar on stderr and a summary at the end."""
+    source_errors: list[SourceError] = []
+
+    def documents() -> Iterator[SourceDocument]:
+        columns = CsvColumns(args.text_column, args.id_column, args.title_column)
+        for item in iter_source(Path(args.path), csv_columns=columns):
+            if isinstance(item, SourceError):
+                source_errors.append(item)
+                tqdm.write(f"skipped {item.location}: {item.message}", file=sys.stderr)
+            else:
+                yield item
+
+    started = time.perf_counter()
+    ingested = chunks = 0
+    document_errors: list[dict[str, object]] = []
+    service.embedder.wait_ready()
+    with tqdm(desc=f"ingest {args.collection}", unit="doc", file=sys.stderr, dynamic_ncols=True) as bar:
+        for batch in _batches(documents(), INGEST_BATCH):
+            result = service.ingestor.ingest(
+                args.collection, batch, chunk_size=args.chunk_size, chunk_overlap=args.chunk_overlap
+            )
+            ingested += len(result.document_ids)
+            chunks += result.chunks_created
+            document_errors.extend(result.errors)
+            for error in result.errors:
+                tqdm.write(f"skipped document {error['id']}: {error['message']}", file=sys.stderr)
+            bar.update(len(batch))
+    elapsed = time.perf_counter() - started
+    summary = {
+        "collection": args.collection,
+        "documents_ingested": ingested,
+        "chunks_created": chunks,
+        "files_skipped": len(source_errors),
+        "documents_skipped": len(document_errors),
+        "seconds": round(elapsed, 2),
+        "chunks_per_second": round(chunks / elapsed, 1) if elapsed else None,
+    }
+    print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    return 0 if ingested or not (source_errors or document_errors) else 1
+
+
+def cmd_query(args: argparse.Namespace, service: RagService) -> int:
+    """Run one technique and print the response as JSON."""
+    arguments = {
+        "query": args.query,
+        "options": {"top_k": args.top_k, "generate": not args.no_generate},
+        **({"collection_id": args.collection} if args.collection else {}),
+    }
+    service.embedder.wait_ready()
+    result = service.execute({"technique": args.technique, "arguments": arguments})
+    if args.answer_only:
+        print(result["answer"])
+    else:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="iris-rag", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    ingest = commands.add_parser(
+        "ingest", help="ingest a .txt/.md file, a folder of them, a BEIR .jsonl or a .csv"
+    )
+    ingest.add_argument("path")
+    ingest.add_argument("--collection", required=True)
+    ingest.add_argument(
+        "--chunk-size", type=int, default=None, help="characters per chunk (default CHUNK_SIZE)"
+    )
+    ingest.add_argument("--chunk-overlap", type=int, default=None, help="characters repeated between chunks")
+    ingest.add_argument("--text-column", default="text", help="CSV column holding the text")
+    ingest.add_argument("--id-column", default="id", help="CSV column holding the document id")
+    ingest.add_argument("--title-column", default="title", help="CSV column holding the title")
+    ingest.set_defaults(handler=cmd_ingest)
+
+    query = commands.add_parser("query", help="ask a question with one technique")
+    query.add_argument("query")
+    query.add_argument("--technique", default="basic")
+    query.add_argument("--collection", default=None)
+    query.add_argument("--top-k", type=int, default=5)
+    query.add_argument("--no-generate", action="store_true", help="return the evidence only")
+    query.add_argument("--answer-only", action="store_true", help="print only the answer text")
+    query.set_defaults(handler=cmd_query)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    service = RagService(Settings())
+    try:
+        code: int = args.handler(args, service)
+    except RagError as exc:
+        print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        code = 2
+    finally:
+        service.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The error taxonomy: every failure a caller can see carries one of these codes."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class RagError(Exception):
+    """Base of every expected failure; `code` travels to the client unchanged."""
+
+    code: ClassVar[str] = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize as the wire's error object."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            error["details"] = self.details
+        return error
+
+
+class InvalidQueryError(RagError):
+    """The query is empty, blank or too long."""
+
+    code = "INVALID_QUERY"
+
+
+class InvalidParametersError(RagError):
+    """An argument other than the query is missing, of the wrong type or out of range."""
+
+    code = "INVALID_PARAMETERS"
+
+
+class PipelineNotFoundError(RagError):
+    """No technique is registered under the requested name."""
+
+    code = "PIPELINE_NOT_FOUND"
+
+
+class CollectionNotFoundError(RagError):
+    """The collection does not exist."""
+
+    code = "COLLECTION_NOT_FOUND"
+
+
+class DocumentNotFoundError(RagError):
+    """The document does not exist in the collection."""
+
+    code = "DOCUMENT_NOT_FOUND"
+
+
+class EmbeddingMismatchError(RagError):
+    """The collection was built with another embedding model than the one loaded."""
+
+    code = "EMBEDDING_MISMATCH"
+
+
+class RetrievalFailedError(RagError):
+    """Retrieval itself failed (store or model error)."""
+
+    code = "RETRIEVAL_FAILED"
+
+
+class GenerationFailedError(RagError):
+    """The generator failed; details.partial_result still holds the retrieved documents."""
+
+    code = "GENERATION_FAILED"
+
+
+class ModelUnavailableError(RagError):
+    """The embedding model failed to load, so nothing that needs it can run."""
+
+    code = "MODEL_UNAVAILABLE"
+
+
+class MalformedRequestError(RagError):
+    """A bridge line that is not a valid request envelope."""
+
+    code = "MALFORMED_REQUEST"
+
+
+class MethodNotFoundError(RagError):
+    """A bridge request names a method the worker does not have."""
+
+    code = "METHOD_NOT_FOUND"
+
+
+class TimeoutExceededError(RagError):
+    """The request ran past its time limit."""
+
+    code = "TIMEOUT_EXCEEDED"

@@ -1,0 +1,1 @@
+"""Ingestion: reading source files and cutting documents into chunks."""

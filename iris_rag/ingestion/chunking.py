@@ -1,0 +1,90 @@
+"""Sentence-aware chunking: chunks end on sentence boundaries and overlap by whole sentences."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# A sentence ends at . ! ? (optionally followed by a closing quote or bracket) before whitespace and an
+# uppercase letter, digit or opening quote/bracket; blank lines always end one. Abbreviations such as
+# "e.g." followed by a lowercase word are therefore not split.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[A-Z0-9\"'(\[])|\n\s*\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A piece of a document's text with its character offsets."""
+
+    text: str
+    start: int
+    end: int
+
+
+def split_sentences(text: str) -> list[Span]:
+    """Split text into sentences with their offsets; whitespace between them is dropped."""
+    spans: list[Span] = []
+    position = 0
+    for match in _SENTENCE_END.finditer(text):
+        _append_stripped(spans, text, position, match.start())
+        position = match.end()
+    _append_stripped(spans, text, position, len(text))
+    return spans
+
+
+def _append_stripped(spans: list[Span], text: str, start: int, end: int) -> None:
+    piece = text[start:end]
+    stripped = piece.strip()
+    if stripped:
+        offset = start + (len(piece) - len(piece.lstrip()))
+        spans.append(Span(stripped, offset, offset + len(stripped)))
+
+
+def _split_long(span: Span, size: int) -> list[Span]:
+    """Cut a sentence longer than the chunk size at whitespace (or hard, if there is none)."""
+    pieces: list[Span] = []
+    start = 0
+    text = span.text
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            cut = text.rfind(" ", start + size // 2, end)
+            end = cut if cut > start else end
+        piece = text[start:end].strip()
+        if piece:
+            offset = span.start + start + (len(text[start:end]) - len(text[start:end].lstrip()))
+            pieces.append(Span(piece, offset, offset + len(piece)))
+        start = end
+    return pieces
+
+
+def chunk_text(text: str, *, size: int, overlap: int) -> list[Span]:
+    """Group sentences into chunks of at most `size` characters, repeating up to `overlap` characters."""
+    sentences: list[Span] = []
+    for sentence in split_sentences(text):
+        sentences.extend(_split_long(sentence, size) if len(sentence.text) > size else [sentence])
+    chunks: list[Span] = []
+    current: list[Span] = []
+    for sentence in sentences:
+        if current and sentence.end - current[0].start > size:
+            chunks.append(_join(text, current))
+            current = _overlap_tail(current, overlap, room=size - len(sentence.text))
+        current.append(sentence)
+    if current:
+        chunks.append(_join(text, current))
+    return chunks
+
+
+def _overlap_tail(sentences: list[Span], overlap: int, room: int) -> list[Span]:
+    """The trailing sentences that fit in the overlap (and still leave room for the next sentence)."""
+    tail: list[Span] = []
+    for sentence in reversed(sentences):
+        length = sentences[-1].end - sentence.start
+        if length > min(overlap, room):
+            break
+        tail.insert(0, sentence)
+    return tail
+
+
+def _join(text: str, sentences: list[Span]) -> Span:
+    start, end = sentences[0].start, sentences[-1].end
+    return Span(text[start:end], start, end)

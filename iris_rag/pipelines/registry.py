@@ -1,0 +1,10 @@
+"""Technique name to pipeline class: a new technique is one module plus one line here."""
+
+from __future__ import annotations
+
+from iris_rag.pipelines.base import Pipeline
+from iris_rag.pipelines.basic import BasicPipeline
+
+PIPELINES: dict[str, type[Pipeline]] = {
+    BasicPipeline.technique: BasicPipeline,
+}

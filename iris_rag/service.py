@@ -1,0 +1,238 @@
+"""The composition root: builds the store, models, pipelines and monitor once, and serves every method."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from iris_rag import __version__
+from iris_rag.errors import DocumentNotFoundError, PipelineNotFoundError
+from iris_rag.ingestion.ingestor import Ingestor
+from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.models.embedder import Embedder
+from iris_rag.models.generators import create_generator
+from iris_rag.monitor import Monitor
+from iris_rag.pipelines.base import PipelineContext, TechniqueRequest
+from iris_rag.pipelines.registry import PIPELINES
+from iris_rag.schemas import technique_tools, tool_specs
+from iris_rag.settings import Settings
+from iris_rag.stores.factory import create_store
+from iris_rag.validation import validate_arguments
+
+logger = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class RagService:
+    """Everything the worker (and the CLI, and the benchmarks) call, one method per bridge method."""
+
+    def __init__(self, settings: Settings, *, load_model: bool = True) -> None:
+        self.settings = settings
+        self.started_at = time.time()
+        self.store = create_store(settings)
+        self.embedder = Embedder(
+            settings.embedding_model,
+            batch_size=settings.embedding_batch_size,
+            device=settings.embedding_device,
+        )
+        if load_model:
+            self.embedder.start_loading()
+        self.generator = create_generator(settings)
+        self.monitor = Monitor(self.store)
+        self.ingestor = Ingestor(settings, self.store, self.embedder)
+        context = PipelineContext(settings, self.store, self.embedder, self.generator)
+        # Only techniques that have both a pipeline and a tool schema are served: no placeholder tools.
+        self._tool_by_technique = technique_tools()
+        self.pipelines = {
+            name: cls(context) for name, cls in PIPELINES.items() if name in self._tool_by_technique
+        }
+
+    def close(self) -> None:
+        """Release the store."""
+        self.store.close()
+
+    def describe(self, _params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The server's tools and their schemas (what the MCP front end lists)."""
+        served = {self._tool_by_technique[t] for t in self.pipelines}
+        tools = [spec for spec in tool_specs() if "technique" not in spec["bridge"] or spec["name"] in served]
+        return {"server": {"name": "iris-rag", "version": __version__}, "tools": tools}
+
+    def tool_for(self, method: str, params: dict[str, Any]) -> tuple[str, str | None]:
+        """Which tool and technique a bridge call stands for (for the monitor)."""
+        if method == "execute":
+            technique = params.get("technique")
+            name = technique if isinstance(technique, str) else None
+            return self._tool_by_technique.get(name or "", f"rag_{name}"), name
+        return f"rag_{method}", None
+
+    def execute(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Run a technique: params are {technique, arguments}."""
+        technique = params.get("technique")
+        pipeline = self.pipelines.get(technique) if isinstance(technique, str) else None
+        if pipeline is None:
+            msg = f"no technique {technique!r}; available: {', '.join(sorted(self.pipelines))}"
+            raise PipelineNotFoundError(msg, {"available": sorted(self.pipelines)})
+        arguments = validate_arguments(
+            self._tool_by_technique[pipeline.technique], params.get("arguments", {})
+        )
+        return pipeline.run(TechniqueRequest.model_validate(arguments))
+
+    def ingest(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_ingest: add or replace documents."""
+        arguments = validate_arguments("rag_ingest", params)
+        documents = [
+            SourceDocument(
+                id=item.get("id"),
+                content=item["content"],
+                title=item.get("title", ""),
+                metadata=item.get("metadata", {}),
+            )
+            for item in arguments["documents"]
+        ]
+        return self.ingestor.ingest(arguments["collection_id"], documents).to_dict()
+
+    def list_collections(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_list_collections."""
+        validate_arguments("rag_list_collections", params)
+        return {
+            "default_collection": self.settings.default_collection,
+            "collections": [
+                {
+                    "id": c.id,
+                    "document_count": c.document_count,
+                    "chunk_count": c.chunk_count,
+                    "embedding_model": c.embedding_model,
+                    "dimension": c.dimension,
+                    "created_at": c.created_at,
+                    "updated_at": c.updated_at,
+                }
+                for c in self.store.list_collections()
+            ],
+        }
+
+    def get_document(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_get_document."""
+        arguments = validate_arguments("rag_get_document", params)
+        collection_id = arguments.get("collection_id") or self.settings.default_collection
+        document = self.store.get_document(collection_id, arguments["document_id"])
+        if document is None:
+            msg = f"no document {arguments['document_id']!r} in collection {collection_id!r}"
+            raise DocumentNotFoundError(msg, {"collection_id": collection_id})
+        result: dict[str, Any] = {
+            "id": document.id,
+            "collection_id": document.collection_id,
+            "title": document.title,
+            "content": document.content,
+            "metadata": document.metadata,
+            "created_at": document.created_at,
+            "updated_at": document.updated_at,
+        }
+        if arguments.get("include_chunks"):
+            result["chunks"] = [
+                {
+                    "chunk_id": c.chunk_id,
+                    "index": c.index,
+                    "content": c.content,
+                    "start_char": c.start_char,
+                    "end_char": c.end_char,
+                }
+                for c in self.store.get_document_chunks(collection_id, document.id)
+            ]
+        return result
+
+    def metrics(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_metrics."""
+        arguments = validate_arguments("rag_metrics", params)
+        return self.monitor.metrics(arguments.get("time_range", "24h"), arguments.get("technique_filter"))
+
+    def record_call(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Record a call the front end answered itself (a rejected argument list, say)."""
+        self.monitor.record(
+            str(params.get("tool", "unknown")),
+            params.get("technique") if isinstance(params.get("technique"), str) else None,
+            float(params.get("duration_ms", 0.0)),
+            bool(params.get("success", False)),
+            params.get("error_code") if isinstance(params.get("error_code"), str) else None,
+        )
+        return {"recorded": True}
+
+    def health_check(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_health_check: each component checked now, worst status wins."""
+        arguments = validate_arguments("rag_health_check", params)
+        details = bool(arguments.get("include_details", False))
+        components = {
+            "database": _check(self._check_database, details),
+            "python_bridge": _check(self._check_worker, details),
+            "embedding_service": _check(self._check_embedder, details),
+            "llm_service": _check(self._check_llm, details),
+            "vector_store": _check(self._check_vector_store, details),
+        }
+        statuses = {c["status"] for c in components.values()}
+        overall = (
+            "unhealthy" if "unhealthy" in statuses else "degraded" if "degraded" in statuses else "healthy"
+        )
+        return {"status": overall, "timestamp": _now(), "components": components}
+
+    def _check_database(self) -> tuple[str, str | None, dict[str, Any]]:
+        self.store.ping()
+        return "healthy", None, {"backend": self.store.backend_name}
+
+    def _check_worker(self) -> tuple[str, str | None, dict[str, Any]]:
+        return (
+            "healthy",
+            None,
+            {
+                "uptime_s": round(time.time() - self.started_at, 1),
+                "version": __version__,
+                "techniques": sorted(self.pipelines),
+            },
+        )
+
+    def _check_embedder(self) -> tuple[str, str | None, dict[str, Any]]:
+        embedder = self.embedder
+        info: dict[str, Any] = {
+            "model": embedder.model_name,
+            "state": embedder.state,
+            "load_time_s": embedder.load_time_s,
+        }
+        if embedder.state == "failed":
+            return "unhealthy", embedder.error, info
+        if embedder.state == "loading":
+            return "degraded", "the embedding model is still loading", info
+        info["dimension"] = embedder.dimension
+        return "healthy", None, info
+
+    def _check_llm(self) -> tuple[str, str | None, dict[str, Any]]:
+        info: dict[str, Any] = {"provider": self.settings.llm_provider, "model": self.generator.model_name}
+        if self.settings.llm_provider == "openai":
+            info["base_url"] = self.settings.llm_base_url or "https://api.openai.com/v1"
+        return "healthy", None, info
+
+    def _check_vector_store(self) -> tuple[str, str | None, dict[str, Any]]:
+        return "healthy", None, self.store.stats()
+
+
+def _check(
+    probe: Callable[[], tuple[str, str | None, dict[str, Any]]], include_details: bool
+) -> dict[str, Any]:
+    """Run one component probe, timing it; an exception makes the component unhealthy."""
+    started = time.perf_counter()
+    try:
+        status, error, details = probe()
+    except Exception as exc:
+        status, error, details = "unhealthy", f"{type(exc).__name__}: {exc}", {}
+    component: dict[str, Any] = {
+        "status": status,
+        "last_check": _now(),
+        "response_time_ms": round((time.perf_counter() - started) * 1000, 3),
+        "error_message": error,
+    }
+    if include_details:
+        component["details"] = details
+    return component

@@ -1,0 +1,66 @@
+"""Configuration: environment variables only, read once at start and passed down."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class Settings(BaseSettings):
+    """Every setting of the worker; see .env.template for the documented list."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    # Store
+    store: Literal["sqlite"] = Field("sqlite", validation_alias="RAG_STORE")
+    data_dir: Path = Field(Path("data"), validation_alias="RAG_DATA_DIR")
+    default_collection: str = Field("default", validation_alias="RAG_DEFAULT_COLLECTION")
+
+    # Embeddings
+    embedding_model: str = Field(
+        PACKAGED_MODEL_NAME,
+        validation_alias="EMBEDDING_MODEL",
+        description="The packaged all-MiniLM-L6-v2, or a path to a local sentence-transformers model.",
+    )
+    embedding_batch_size: int = Field(64, ge=1, le=4096, validation_alias="EMBEDDING_BATCH_SIZE")
+    embedding_device: str = Field("cpu", validation_alias="EMBEDDING_DEVICE")
+
+    # Chunking
+    chunk_size: int = Field(1000, ge=100, le=20000, validation_alias="CHUNK_SIZE")
+    chunk_overlap: int = Field(150, ge=0, le=5000, validation_alias="CHUNK_OVERLAP")
+    max_document_chars: int = Field(5_000_000, ge=1, validation_alias="MAX_DOCUMENT_CHARS")
+
+    # Generation
+    llm_provider: Literal["none", "openai"] = Field("none", validation_alias="LLM_PROVIDER")
+    llm_model: str = Field("gpt-4o-mini", validation_alias="LLM_MODEL")
+    llm_api_key: SecretStr | None = Field(None, validation_alias="LLM_API_KEY")
+    llm_base_url: str | None = Field(None, validation_alias="LLM_BASE_URL")
+    llm_timeout_s: float = Field(30.0, gt=0, validation_alias="LLM_TIMEOUT_S")
+    llm_max_retries: int = Field(2, ge=0, le=10, validation_alias="LLM_MAX_RETRIES")
+
+    # Worker
+    worker_threads: int = Field(4, ge=1, le=64, validation_alias="WORKER_THREADS")
+    log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
+
+    @model_validator(mode="after")
+    def _check_overlap(self) -> Settings:
+        if self.chunk_overlap >= self.chunk_size:
+            msg = f"CHUNK_OVERLAP ({self.chunk_overlap}) must be smaller than CHUNK_SIZE ({self.chunk_size})"
+            raise ValueError(msg)
+        return self
+
+    @cached_property
+    def database_path(self) -> Path:
+        """The embedded store's SQLite file."""
+        return self.data_dir / "iris_rag.sqlite3"
+
+    @property
+    def generator_name(self) -> str:
+        """What model_info.llm_model reports."""
+        return self.llm_model if self.llm_provider == "openai" else "extractive"

@@ -1,0 +1,1 @@
+"""Stores: where collections, documents, chunks, vectors and call records live."""

@@ -1,0 +1,148 @@
+"""The store interface every backend implements (the embedded SQLite store now, IRIS next to it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionInfo:
+    """A collection and the embedding model its vectors were made with."""
+
+    id: str
+    embedding_model: str
+    dimension: int
+    document_count: int = 0
+    chunk_count: int = 0
+    created_at: str = ""
+    updated_at: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInput:
+    """A chunk ready to store: its text, offsets and vector."""
+
+    index: int
+    content: str
+    start_char: int
+    end_char: int
+    vector: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentInput:
+    """A document ready to store, with its chunks."""
+
+    id: str
+    title: str
+    content: str
+    metadata: dict[str, Any]
+    chunks: list[ChunkInput]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """A chunk read back, with what a retrieved document needs of its parent."""
+
+    chunk_id: str
+    document_id: str
+    index: int
+    content: str
+    start_char: int
+    end_char: int
+    title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDocument:
+    """A document read back."""
+
+    id: str
+    collection_id: str
+    title: str
+    content: str
+    metadata: dict[str, Any]
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredChunk:
+    """A search hit: which chunk and how well it matched."""
+
+    chunk_id: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One served call, as the monitor stores it."""
+
+    timestamp: float
+    tool: str
+    technique: str | None
+    duration_ms: float
+    success: bool
+    error_code: str | None
+
+
+class DocumentStore(Protocol):
+    """What pipelines, ingestion and the monitor need from a store."""
+
+    backend_name: str
+
+    def ping(self) -> None:
+        """Run a trivial query; raise if the store is unreachable."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+    # Collections
+    def get_collection(self, collection_id: str) -> CollectionInfo | None:
+        """The collection with counts, or None."""
+
+    def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
+        """Create the collection if absent and return it."""
+
+    def list_collections(self) -> list[CollectionInfo]:
+        """Every collection with counts."""
+
+    # Documents
+    def upsert_documents(self, collection_id: str, documents: list[DocumentInput]) -> int:
+        """Insert or replace documents and their chunks in one transaction; return the chunk count written."""
+
+    def delete_document(self, collection_id: str, document_id: str) -> bool:
+        """Delete a document and its chunks; False if it was absent."""
+
+    def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
+        """One document, or None."""
+
+    def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
+        """A document's chunks in order."""
+
+    def get_chunks(self, collection_id: str, chunk_ids: list[str]) -> list[StoredChunk]:
+        """Chunks by id, in the order asked (unknown ids are skipped)."""
+
+    # Search
+    def vector_search(
+        self, collection_id: str, query_vector: npt.NDArray[np.float32], top_k: int
+    ) -> list[ScoredChunk]:
+        """The top_k chunks by cosine similarity (exact), best first."""
+
+    def chunk_count(self, collection_id: str) -> int:
+        """How many chunks a search over the collection considers."""
+
+    # Monitoring
+    def record_call(self, record: CallRecord) -> None:
+        """Append one call record."""
+
+    def calls_since(self, since: float) -> list[CallRecord]:
+        """Every call record at or after a UNIX time."""
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes and counts for health details."""

@@ -1,0 +1,448 @@
+"""The embedded store: one SQLite file (WAL) for rows and FTS5, vectors searched exactly with NumPy."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from iris_rag.stores.base import (
+    CallRecord,
+    ChunkInput,
+    CollectionInfo,
+    DocumentInput,
+    ScoredChunk,
+    StoredChunk,
+    StoredDocument,
+)
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS collections (
+    id              TEXT PRIMARY KEY,
+    embedding_model TEXT NOT NULL,
+    dimension       INTEGER NOT NULL,
+    created_at      TEXT NOT NULL,
+    updated_at      TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS documents (
+    collection_id TEXT NOT NULL REFERENCES collections(id) ON DELETE CASCADE,
+    id            TEXT NOT NULL,
+    title         TEXT NOT NULL,
+    content       TEXT NOT NULL,
+    metadata      TEXT NOT NULL,
+    created_at    TEXT NOT NULL,
+    updated_at    TEXT NOT NULL,
+    PRIMARY KEY (collection_id, id)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    rowid         INTEGER PRIMARY KEY,
+    collection_id TEXT NOT NULL,
+    document_id   TEXT NOT NULL,
+    chunk_id      TEXT NOT NULL,
+    chunk_index   INTEGER NOT NULL,
+    content       TEXT NOT NULL,
+    start_char    INTEGER NOT NULL,
+    end_char      INTEGER NOT NULL,
+    embedding     BLOB NOT NULL,
+    UNIQUE (collection_id, chunk_id),
+    FOREIGN KEY (collection_id, document_id) REFERENCES documents(collection_id, id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks(collection_id, document_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(title, content, tokenize = 'porter unicode61');
+CREATE TABLE IF NOT EXISTS calls (
+    ts          REAL NOT NULL,
+    tool        TEXT NOT NULL,
+    technique   TEXT,
+    duration_ms REAL NOT NULL,
+    success     INTEGER NOT NULL,
+    error_code  TEXT
+);
+CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts);
+"""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class _VectorIndex:
+    """A collection's vectors as one matrix, rebuilt when the collection changes."""
+
+    generation: int
+    chunk_ids: list[str]
+    matrix: npt.NDArray[np.float32]
+
+
+class SqliteStore:
+    """DocumentStore on SQLite: no server, one file under RAG_DATA_DIR."""
+
+    backend_name = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._index_lock = threading.Lock()
+        self._indexes: dict[str, _VectorIndex] = {}
+        self._generations: dict[str, int] = {}
+        with self._write_lock:
+            self._connection().executescript(_SCHEMA)
+            self._connection().execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # Connections: one per thread, so concurrent readers never share a cursor (WAL lets them run together).
+    def _connection(self) -> sqlite3.Connection:
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = sqlite3.connect(
+                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            connection.row_factory = sqlite3.Row
+            connection.execute("PRAGMA journal_mode = WAL")
+            connection.execute("PRAGMA synchronous = NORMAL")
+            connection.execute("PRAGMA foreign_keys = ON")
+            self._local.connection = connection
+            with self._connections_lock:
+                self._connections.append(connection)
+        return connection
+
+    def ping(self) -> None:
+        """Run a trivial query."""
+        self._connection().execute("SELECT 1").fetchone()
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._connections_lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    # Collections
+    def get_collection(self, collection_id: str) -> CollectionInfo | None:
+        """The collection with counts, or None."""
+        row = (
+            self._connection()
+            .execute(
+                f"{_COLLECTION_SELECT} WHERE c.id = ?",
+                (collection_id,),
+            )
+            .fetchone()
+        )
+        return _collection(row) if row else None
+
+    def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
+        """Create the collection if absent and return it."""
+        now = _now()
+        with self._write_lock:
+            self._connection().execute(
+                "INSERT OR IGNORE INTO collections VALUES (?, ?, ?, ?, ?)",
+                (collection_id, embedding_model, dimension, now, now),
+            )
+        info = self.get_collection(collection_id)
+        assert info is not None
+        return info
+
+    def list_collections(self) -> list[CollectionInfo]:
+        """Every collection with counts."""
+        rows = self._connection().execute(f"{_COLLECTION_SELECT} ORDER BY c.id").fetchall()
+        return [_collection(row) for row in rows]
+
+    # Documents
+    def upsert_documents(self, collection_id: str, documents: list[DocumentInput]) -> int:
+        """Insert or replace documents and their chunks in one transaction."""
+        now = _now()
+        written = 0
+        with self._write_lock:
+            connection = self._connection()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                for document in documents:
+                    created = connection.execute(
+                        "SELECT created_at FROM documents WHERE collection_id = ? AND id = ?",
+                        (collection_id, document.id),
+                    ).fetchone()
+                    self._delete_document_rows(connection, collection_id, document.id)
+                    connection.execute(
+                        "INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            collection_id,
+                            document.id,
+                            document.title,
+                            document.content,
+                            orjson.dumps(document.metadata).decode(),
+                            created["created_at"] if created else now,
+                            now,
+                        ),
+                    )
+                    for chunk in document.chunks:
+                        self._insert_chunk(connection, collection_id, document, chunk)
+                    written += len(document.chunks)
+                connection.execute("UPDATE collections SET updated_at = ? WHERE id = ?", (now, collection_id))
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            finally:
+                self._invalidate(collection_id)
+        return written
+
+    def _insert_chunk(
+        self, connection: sqlite3.Connection, collection_id: str, document: DocumentInput, chunk: ChunkInput
+    ) -> None:
+        cursor = connection.execute(
+            """INSERT INTO chunks (collection_id, document_id, chunk_id, chunk_index, content,
+                                   start_char, end_char, embedding)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+            (
+                collection_id,
+                document.id,
+                f"{document.id}#{chunk.index}",
+                chunk.index,
+                chunk.content,
+                chunk.start_char,
+                chunk.end_char,
+                np.ascontiguousarray(chunk.vector, dtype=np.float32).tobytes(),
+            ),
+        )
+        connection.execute(
+            "INSERT INTO chunks_fts (rowid, title, content) VALUES (?, ?, ?)",
+            (cursor.lastrowid, document.title, chunk.content),
+        )
+
+    @staticmethod
+    def _delete_document_rows(connection: sqlite3.Connection, collection_id: str, document_id: str) -> int:
+        connection.execute(
+            """DELETE FROM chunks_fts WHERE rowid IN
+               (SELECT rowid FROM chunks WHERE collection_id = ? AND document_id = ?)""",
+            (collection_id, document_id),
+        )
+        connection.execute(
+            "DELETE FROM chunks WHERE collection_id = ? AND document_id = ?", (collection_id, document_id)
+        )
+        cursor = connection.execute(
+            "DELETE FROM documents WHERE collection_id = ? AND id = ?", (collection_id, document_id)
+        )
+        return cursor.rowcount
+
+    def delete_document(self, collection_id: str, document_id: str) -> bool:
+        """Delete a document and its chunks; False if it was absent."""
+        with self._write_lock:
+            connection = self._connection()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                deleted = self._delete_document_rows(connection, collection_id, document_id)
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            finally:
+                self._invalidate(collection_id)
+        return deleted > 0
+
+    def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
+        """One document, or None."""
+        row = (
+            self._connection()
+            .execute(
+                "SELECT * FROM documents WHERE collection_id = ? AND id = ?", (collection_id, document_id)
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        return StoredDocument(
+            id=row["id"],
+            collection_id=row["collection_id"],
+            title=row["title"],
+            content=row["content"],
+            metadata=orjson.loads(row["metadata"]),
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+    def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
+        """A document's chunks in order."""
+        rows = (
+            self._connection()
+            .execute(
+                f"""{_CHUNK_SELECT} WHERE k.collection_id = ? AND k.document_id = ? ORDER BY k.chunk_index""",
+                (collection_id, document_id),
+            )
+            .fetchall()
+        )
+        return [_chunk(row) for row in rows]
+
+    def get_chunks(self, collection_id: str, chunk_ids: list[str]) -> list[StoredChunk]:
+        """Chunks by id, in the order asked."""
+        if not chunk_ids:
+            return []
+        placeholders = ",".join("?" * len(chunk_ids))
+        rows = (
+            self._connection()
+            .execute(
+                f"{_CHUNK_SELECT} WHERE k.collection_id = ? AND k.chunk_id IN ({placeholders})",
+                (collection_id, *chunk_ids),
+            )
+            .fetchall()
+        )
+        by_id = {row["chunk_id"]: _chunk(row) for row in rows}
+        return [by_id[chunk_id] for chunk_id in chunk_ids if chunk_id in by_id]
+
+    # Search
+    def _invalidate(self, collection_id: str) -> None:
+        with self._index_lock:
+            self._generations[collection_id] = self._generations.get(collection_id, 0) + 1
+
+    def _vector_index(self, collection_id: str) -> _VectorIndex:
+        """The collection's matrix, loaded once and reloaded only after a write."""
+        with self._index_lock:
+            generation = self._generations.get(collection_id, 0)
+            index = self._indexes.get(collection_id)
+            if index is not None and index.generation == generation:
+                return index
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT chunk_id, embedding FROM chunks WHERE collection_id = ? ORDER BY rowid",
+                    (collection_id,),
+                )
+                .fetchall()
+            )
+            if rows:
+                matrix = np.frombuffer(b"".join(row["embedding"] for row in rows), dtype=np.float32)
+                matrix = matrix.reshape(len(rows), -1)
+            else:
+                matrix = np.zeros((0, 0), dtype=np.float32)
+            index = _VectorIndex(generation, [row["chunk_id"] for row in rows], matrix)
+            self._indexes[collection_id] = index
+            return index
+
+    def vector_search(
+        self, collection_id: str, query_vector: npt.NDArray[np.float32], top_k: int
+    ) -> list[ScoredChunk]:
+        """Exact cosine top_k: vectors are unit length, so a dot product is the cosine."""
+        index = self._vector_index(collection_id)
+        if not index.chunk_ids:
+            return []
+        scores = index.matrix @ query_vector.astype(np.float32)
+        top = _top_k_indices(scores, top_k)
+        return [ScoredChunk(index.chunk_ids[i], float(scores[i])) for i in top]
+
+    def chunk_count(self, collection_id: str) -> int:
+        """How many chunks a search over the collection considers."""
+        return len(self._vector_index(collection_id).chunk_ids)
+
+    # Monitoring
+    def record_call(self, record: CallRecord) -> None:
+        """Append one call record."""
+        with self._write_lock:
+            self._connection().execute(
+                "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    record.timestamp,
+                    record.tool,
+                    record.technique,
+                    record.duration_ms,
+                    int(record.success),
+                    record.error_code,
+                ),
+            )
+
+    def calls_since(self, since: float) -> list[CallRecord]:
+        """Every call record at or after a UNIX time."""
+        rows = (
+            self._connection().execute("SELECT * FROM calls WHERE ts >= ? ORDER BY ts", (since,)).fetchall()
+        )
+        return [
+            CallRecord(
+                row["ts"],
+                row["tool"],
+                row["technique"],
+                row["duration_ms"],
+                bool(row["success"]),
+                row["error_code"],
+            )
+            for row in rows
+        ]
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes and counts for health details."""
+        connection = self._connection()
+        counts = connection.execute(
+            """SELECT (SELECT COUNT(*) FROM collections) AS collections,
+                      (SELECT COUNT(*) FROM documents) AS documents,
+                      (SELECT COUNT(*) FROM chunks) AS chunks"""
+        ).fetchone()
+        with self._index_lock:
+            loaded = {cid: len(index.chunk_ids) for cid, index in self._indexes.items()}
+            vector_bytes = sum(index.matrix.nbytes for index in self._indexes.values())
+        return {
+            "backend": self.backend_name,
+            "path": str(self.path),
+            "file_bytes": self.path.stat().st_size if self.path.exists() else 0,
+            "collections": counts["collections"],
+            "documents": counts["documents"],
+            "chunks": counts["chunks"],
+            "vector_indexes_loaded": loaded,
+            "vector_memory_bytes": vector_bytes,
+        }
+
+
+_CHUNK_SELECT = """
+    SELECT k.chunk_id, k.document_id, k.chunk_index, k.content, k.start_char, k.end_char, d.title, d.metadata
+    FROM chunks k JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id"""
+_COLLECTION_SELECT = """
+    SELECT c.*,
+           (SELECT COUNT(*) FROM documents d WHERE d.collection_id = c.id) AS document_count,
+           (SELECT COUNT(*) FROM chunks k WHERE k.collection_id = c.id) AS chunk_count
+    FROM collections c"""
+
+
+def _top_k_indices(scores: npt.NDArray[np.float32], top_k: int) -> npt.NDArray[np.intp]:
+    """Indices of the k best scores, best first; only the k are sorted."""
+    k = min(top_k, scores.shape[0])
+    if k <= 0:
+        return np.zeros(0, dtype=np.intp)
+    candidates = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(scores.shape[0])
+    return candidates[np.argsort(-scores[candidates], kind="stable")]
+
+
+def _collection(row: sqlite3.Row) -> CollectionInfo:
+    return CollectionInfo(
+        id=row["id"],
+        embedding_model=row["embedding_model"],
+        dimension=row["dimension"],
+        document_count=row["document_count"],
+        chunk_count=row["chunk_count"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _chunk(row: sqlite3.Row) -> StoredChunk:
+    return StoredChunk(
+        chunk_id=row["chunk_id"],
+        document_id=row["document_id"],
+        index=row["chunk_index"],
+        content=row["content"],
+        start_char=row["start_char"],
+        end_char=row["end_char"],
+        title=row["title"],
+        metadata=orjson.loads(row["metadata"]),
+    )

@@ -1,0 +1,67 @@
+"""Method table and the one place where exceptions become error responses."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from iris_rag.errors import MethodNotFoundError, RagError
+from iris_rag.service import RagService
+
+logger = logging.getLogger(__name__)
+
+# Methods that are tool calls, and so are recorded by the monitor.
+MONITORED = frozenset({"execute", "ingest", "list_collections", "get_document", "health_check", "metrics"})
+# Cheap methods served on their own thread, so that slow queries never hold them up.
+CONTROL = frozenset({"describe", "health_check", "metrics", "list_collections", "record_call", "shutdown"})
+
+
+class Dispatcher:
+    """Calls the service method a request names and shapes its outcome."""
+
+    def __init__(self, service: RagService) -> None:
+        self.service = service
+        self.methods: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "describe": service.describe,
+            "execute": service.execute,
+            "ingest": service.ingest,
+            "list_collections": service.list_collections,
+            "get_document": service.get_document,
+            "health_check": service.health_check,
+            "metrics": service.metrics,
+            "record_call": service.record_call,
+            "shutdown": lambda _params: {"shutting_down": True},
+        }
+
+    def call(self, method: str, params: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        """Run one method: (True, result) or (False, error object). Never raises."""
+        started = time.perf_counter()
+        error_code: str | None = None
+        try:
+            handler = self.methods.get(method)
+            if handler is None:
+                msg = f"unknown method {method!r}; known: {', '.join(sorted(self.methods))}"
+                raise MethodNotFoundError(msg)
+            outcome: tuple[bool, dict[str, Any]] = (True, handler(params))
+        except RagError as exc:
+            error_code = exc.code
+            outcome = (False, exc.to_dict())
+        except Exception as exc:
+            logger.exception("unexpected error in %s", method)
+            error_code = "INTERNAL_ERROR"
+            outcome = (False, {"code": error_code, "message": f"{type(exc).__name__}: {exc}"})
+        if method in MONITORED:
+            self._record(method, params, (time.perf_counter() - started) * 1000, error_code)
+        return outcome
+
+    def _record(
+        self, method: str, params: dict[str, Any], duration_ms: float, error_code: str | None
+    ) -> None:
+        try:
+            tool, technique = self.service.tool_for(method, params)
+            self.service.monitor.record(tool, technique, duration_ms, error_code is None, error_code)
+        except Exception:
+            # Monitoring must never turn a served answer into a failure.
+            logger.exception("could not record a %s call", method)

@@ -1,0 +1,64 @@
+"""The bridge wire format: one JSON object per line, requests and responses correlated by id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from iris_rag.errors import MalformedRequestError
+
+RequestId = str | int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """{id, method, params, timestamp}."""
+
+    id: RequestId
+    method: str
+    params: dict[str, Any]
+
+
+def _timestamp() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def parse_request(line: bytes) -> Request:
+    """Decode one line; raise MalformedRequestError (with the id, when one could be read)."""
+    try:
+        message = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        msg = f"line is not valid JSON: {exc}"
+        raise MalformedRequestError(msg) from exc
+    if not isinstance(message, dict):
+        msg = "a request must be a JSON object"
+        raise MalformedRequestError(msg)
+    request_id = message.get("id")
+    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        msg = "a request needs an 'id' (string or integer)"
+        raise MalformedRequestError(msg)
+    method = message.get("method")
+    params = message.get("params", {})
+    if not isinstance(method, str) or not isinstance(params, dict):
+        msg = "a request needs a string 'method' and an object 'params'"
+        raise MalformedRequestError(msg, {"id": request_id})
+    return Request(request_id, method, params)
+
+
+def success_line(request_id: RequestId, result: Any) -> bytes:
+    """Encode a success response."""
+    return orjson.dumps(
+        {"id": request_id, "success": True, "result": result, "timestamp": _timestamp()},
+        option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY,
+    )
+
+
+def error_line(request_id: RequestId, error: dict[str, Any]) -> bytes:
+    """Encode an error response."""
+    return orjson.dumps(
+        {"id": request_id, "success": False, "error": error, "timestamp": _timestamp()},
+        option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY,
+    )
