@@ -32,17 +32,18 @@ def _now() -> str:
 class RagService:
     """Everything the worker (and the CLI, and the benchmarks) call, one method per bridge method."""
 
-    def __init__(self, settings: Settings, *, load_model: bool = True) -> None:
+    def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
         self.settings = settings
         self.started_at = time.time()
         self.store = create_store(settings)
-        self.embedder = Embedder(
-            settings.embedding_model,
-            batch_size=settings.embedding_batch_size,
-            device=settings.embedding_device,
-        )
-        if load_model:
-            self.embedder.start_loading()
+        if embedder is None:
+            embedder = Embedder(
+                settings.embedding_model,
+                batch_size=settings.embedding_batch_size,
+                device=settings.embedding_device,
+            )
+            embedder.start_loading()
+        self.embedder = embedder
         self.generator = create_generator(settings)
         self.monitor = Monitor(self.store)
         self.ingestor = Ingestor(settings, self.store, self.embedder)

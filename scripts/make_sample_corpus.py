@@ -39,7 +39,7 @@ def main() -> None:
         for document in corpus:
             if document["_id"] in keep:
                 out.write(json.dumps(document, ensure_ascii=False) + "\n")
-    relevant = {row["query-id"]: [] for row in qrels}
+    relevant: dict[str, list[str]] = {row["query-id"]: [] for row in qrels}
     for row in qrels:
         relevant[row["query-id"]].append(row["corpus-id"])
     with (args.out / "queries.jsonl").open("w", encoding="utf-8") as out:

@@ -151,7 +151,11 @@ class Pipeline(ABC):
         except Exception as exc:
             msg = f"{self.technique} retrieval failed: {type(exc).__name__}: {exc}"
             raise RetrievalFailedError(msg) from exc
-        documents = [d for d in retrieval.documents if d.score >= options.min_similarity][: options.top_k]
+        # min_similarity 0 (the default) filters nothing: cosine can be negative, and top_k is what was asked.
+        threshold = options.min_similarity
+        documents = [d for d in retrieval.documents if threshold == 0 or d.score >= threshold][
+            : options.top_k
+        ]
         retrieved_at = time.perf_counter()
 
         generation: Generation | None = None

@@ -1,0 +1,78 @@
+"""Shared fixtures: one real embedding model per test session, a fresh store per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from iris_rag.models.embedder import Embedder
+from iris_rag.service import RagService
+from iris_rag.settings import PACKAGED_MODEL_NAME, Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_CORPUS = ROOT / "samples" / "scifact" / "corpus.jsonl"
+
+# Three tiny documents on unrelated subjects, so that the right answer to each query is unambiguous.
+DOCUMENTS = [
+    {
+        "id": "aspirin",
+        "title": "Aspirin and heart attacks",
+        "content": "Daily low-dose aspirin reduces the risk of a first heart attack in older adults. "
+        "It also raises the risk of bleeding in the stomach.",
+        "metadata": {"year": 2019, "topic": "cardiology"},
+    },
+    {
+        "id": "volcano",
+        "title": "Volcanic eruptions",
+        "content": "Basaltic volcanoes erupt runny lava that flows for kilometres. "
+        "Explosive eruptions happen when gas-rich magma fragments.",
+        "metadata": {"year": 2021, "topic": "geology"},
+    },
+    {
+        "id": "sourdough",
+        "title": "Baking sourdough",
+        "content": "Sourdough bread rises because wild yeast and lactic acid bacteria ferment the dough. "
+        "A longer fermentation gives a more sour loaf.",
+        "metadata": {"year": 2020, "topic": "food"},
+    },
+]
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    """The real packaged all-MiniLM-L6-v2, loaded once for the whole run."""
+    model = Embedder(PACKAGED_MODEL_NAME)
+    model.load()
+    model.wait_ready()
+    return model
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Settings pointing at a fresh data folder."""
+    return Settings(RAG_DATA_DIR=tmp_path / "data")
+
+
+@pytest.fixture
+def service(settings: Settings, embedder: Embedder) -> Iterator[RagService]:
+    """A service on a fresh store with the shared model."""
+    rag = RagService(settings, embedder=embedder)
+    yield rag
+    rag.close()
+
+
+@pytest.fixture
+def loaded_service(service: RagService) -> RagService:
+    """A service whose collection 'docs' holds the three DOCUMENTS."""
+    result = service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+    assert result["ingested_count"] == 3
+    return service
+
+
+def ask(service: RagService, query: str, **arguments: object) -> dict[str, object]:
+    """Run rag_basic on the 'docs' collection."""
+    return service.execute(
+        {"technique": "basic", "arguments": {"query": query, "collection_id": "docs", **arguments}}
+    )

@@ -1,0 +1,45 @@
+import itertools
+
+from iris_rag.ingestion.chunking import chunk_text, split_sentences
+
+TEXT = (
+    "Aspirin lowers risk. It was tested in 2019, e.g. in older adults. Results were clear! "
+    "Was it safe? Mostly.\n\nA new paragraph starts here. It has two sentences."
+)
+
+
+def test_sentences_keep_offsets_and_do_not_split_abbreviations() -> None:
+    spans = split_sentences(TEXT)
+    assert [s.text for s in spans][:3] == [
+        "Aspirin lowers risk.",
+        "It was tested in 2019, e.g. in older adults.",
+        "Results were clear!",
+    ]
+    assert all(TEXT[s.start : s.end] == s.text for s in spans)
+    assert "A new paragraph starts here." in [s.text for s in spans]
+
+
+def test_chunks_respect_size_end_on_sentences_and_overlap() -> None:
+    text = " ".join(f"Sentence number {i} says something about topic {i}." for i in range(60))
+    chunks = chunk_text(text, size=300, overlap=100)
+    assert len(chunks) > 5
+    assert all(len(c.text) <= 300 for c in chunks)
+    assert all(c.text.endswith(".") for c in chunks)
+    assert all(text[c.start : c.end] == c.text for c in chunks)
+    for before, after in itertools.pairwise(chunks):
+        assert after.start < before.end, "consecutive chunks overlap"
+        assert before.end - after.start <= 100
+
+
+def test_zero_overlap_and_long_sentences() -> None:
+    text = "word " * 500 + ". Short end."
+    chunks = chunk_text(text, size=200, overlap=0)
+    assert all(len(c.text) <= 200 for c in chunks)
+    assert "".join(c.text for c in chunks).replace(" ", "") == text.replace(" ", "")
+    sized = chunk_text(TEXT, size=1000, overlap=0)
+    assert len(sized) == 1
+
+
+def test_chunk_size_changes_chunking() -> None:
+    text = " ".join(f"Claim {i} is stated in this sentence." for i in range(40))
+    assert len(chunk_text(text, size=200, overlap=0)) > len(chunk_text(text, size=800, overlap=0))

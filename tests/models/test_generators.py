@@ -1,0 +1,100 @@
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from iris_rag.errors import GenerationFailedError
+from iris_rag.models.embedder import Embedder
+from iris_rag.models.generators import NOTHING_FOUND, ExtractiveGenerator, OpenAIGenerator, Passage
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+from tests.conftest import DOCUMENTS, ask
+from tests.models.fake_openai import FakeOpenAIServer
+
+PASSAGES = [
+    Passage(1, "aspirin", "Aspirin", "Aspirin reduces heart attacks. Bleeding is a side effect.", 0.8),
+    Passage(2, "sourdough", "Bread", "Sourdough uses wild yeast. It tastes sour.", 0.3),
+]
+
+
+def test_extractive_picks_matching_sentences_and_cites_them() -> None:
+    answer = ExtractiveGenerator(max_sentences=1).generate(
+        "does aspirin reduce heart attacks", PASSAGES, temperature=0, max_tokens=100
+    )
+    assert answer.source == "extractive"
+    assert "Extractive answer" in answer.answer
+    assert "- Aspirin reduces heart attacks. [1]" in answer.answer
+    assert "[2]" not in answer.answer
+    two = ExtractiveGenerator(max_sentences=2).generate(
+        "wild yeast aspirin", PASSAGES, temperature=0, max_tokens=100
+    )
+    assert "[1]" in two.answer and "[2]" in two.answer
+
+
+def test_extractive_says_plainly_when_nothing_was_found() -> None:
+    assert ExtractiveGenerator().generate("x", [], temperature=0, max_tokens=10).answer == NOTHING_FOUND
+
+
+def test_extractive_respects_max_tokens() -> None:
+    short = ExtractiveGenerator(max_sentences=3).generate(
+        "aspirin yeast sour", PASSAGES, temperature=0, max_tokens=4
+    )
+    assert sum(line.startswith("- ") for line in short.answer.splitlines()) == 1
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeOpenAIServer]:
+    server = FakeOpenAIServer()
+    yield server
+    server.close()
+
+
+def _llm_settings(tmp_path: Path, server: FakeOpenAIServer) -> Settings:
+    return Settings(
+        RAG_DATA_DIR=tmp_path,
+        LLM_PROVIDER="openai",
+        LLM_MODEL="fake-model",
+        LLM_API_KEY="sk-test-secret",
+        LLM_BASE_URL=server.base_url,
+        LLM_MAX_RETRIES=0,
+    )
+
+
+def test_openai_generator_passes_parameters_through(tmp_path: Path, fake_llm: FakeOpenAIServer) -> None:
+    generator = OpenAIGenerator(_llm_settings(tmp_path, fake_llm))
+    result = generator.generate("does aspirin help", PASSAGES, temperature=0.3, max_tokens=77)
+    assert (result.answer, result.model, result.source) == (fake_llm.reply, "fake-model", "llm")
+    body = fake_llm.requests[0]["body"]
+    assert (body["model"], body["temperature"], body["max_tokens"]) == ("fake-model", 0.3, 77)
+    user = body["messages"][1]["content"]
+    assert "[1] Aspirin" in user and "Question: does aspirin help" in user
+    assert "only" in body["messages"][0]["content"]
+    assert fake_llm.requests[0]["auth"] == "Bearer sk-test-secret"
+
+
+def test_llm_answer_through_the_pipeline(
+    tmp_path: Path, embedder: Embedder, fake_llm: FakeOpenAIServer
+) -> None:
+    service = RagService(_llm_settings(tmp_path, fake_llm), embedder=embedder)
+    service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+    result = ask(service, "aspirin and heart attacks", options={"temperature": 1.5, "max_tokens": 9})
+    assert result["answer"] == fake_llm.reply
+    assert result["metadata"]["answer_source"] == "llm"  # type: ignore[index]
+    assert result["metadata"]["model_info"]["llm_model"] == "fake-model"  # type: ignore[index]
+    assert fake_llm.requests[-1]["body"]["temperature"] == 1.5
+    assert fake_llm.requests[-1]["body"]["max_tokens"] == 9
+
+
+def test_llm_failure_is_generation_failed_with_documents(
+    tmp_path: Path, embedder: Embedder, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.status = 500
+    service = RagService(_llm_settings(tmp_path, fake_llm), embedder=embedder)
+    service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+    with pytest.raises(GenerationFailedError) as failure:
+        ask(service, "aspirin")
+    partial = failure.value.details["partial_result"]
+    assert partial["success"] is False
+    assert partial["error"]["code"] == "GENERATION_FAILED"
+    assert partial["retrieved_documents"][0]["id"] == "aspirin"
+    assert "sk-test-secret" not in str(failure.value.to_dict())

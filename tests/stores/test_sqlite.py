@@ -1,0 +1,98 @@
+"""The embedded store's contract: replace, delete, transactions, exact search, FTS kept in step."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput
+from iris_rag.stores.sqlite import SqliteStore
+
+DIM = 8
+
+
+def _vector(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def _document(doc_id: str, texts: list[str], seed: int = 0, title: str = "") -> DocumentInput:
+    chunks = [ChunkInput(i, t, 0, len(t), _vector(seed + i)) for i, t in enumerate(texts)]
+    return DocumentInput(doc_id, title, " ".join(texts), {"k": doc_id}, chunks)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SqliteStore:
+    s = SqliteStore(tmp_path / "db.sqlite3")
+    s.create_collection("c", "model-a", DIM)
+    return s
+
+
+def _fts_rows(store: SqliteStore) -> int:
+    return int(store._connection().execute("SELECT COUNT(*) FROM chunks_fts").fetchone()[0])
+
+
+def test_reingest_replaces_without_duplicates(store: SqliteStore) -> None:
+    store.upsert_documents("c", [_document("d1", ["one", "two", "three"])])
+    first = store.get_document("c", "d1")
+    store.upsert_documents("c", [_document("d1", ["only"], seed=9)])
+    info = store.get_collection("c")
+    assert info is not None
+    assert (info.document_count, info.chunk_count) == (1, 1)
+    assert _fts_rows(store) == 1
+    assert [c.content for c in store.get_document_chunks("c", "d1")] == ["only"]
+    second = store.get_document("c", "d1")
+    assert first is not None and second is not None
+    assert second.created_at == first.created_at
+
+
+def test_delete_removes_chunks_vectors_and_fts(store: SqliteStore) -> None:
+    store.upsert_documents("c", [_document("d1", ["a", "b"]), _document("d2", ["c"], seed=5)])
+    assert store.chunk_count("c") == 3
+    assert store.delete_document("c", "d1")
+    assert not store.delete_document("c", "d1")
+    assert store.get_document("c", "d1") is None
+    assert store.chunk_count("c") == 1
+    assert _fts_rows(store) == 1
+    assert [h.chunk_id for h in store.vector_search("c", _vector(0), 5)] == ["d2#0"]
+
+
+def test_vector_search_is_exact_and_refreshed_after_writes(store: SqliteStore) -> None:
+    docs = [_document(f"d{i}", [f"text {i}"], seed=i * 10) for i in range(40)]
+    store.upsert_documents("c", docs)
+    query = _vector(123)
+    hits = store.vector_search("c", query, 5)
+    expected = sorted(((float(d.chunks[0].vector @ query), d.id) for d in docs), reverse=True)[:5]
+    assert [h.chunk_id for h in hits] == [f"{doc_id}#0" for _, doc_id in expected]
+    assert [round(h.score, 5) for h in hits] == [round(s, 5) for s, _ in expected]
+    # A new, perfectly matching chunk must be found by the very next search.
+    store.upsert_documents("c", [DocumentInput("new", "", "x", {}, [ChunkInput(0, "x", 0, 1, query)])])
+    assert store.vector_search("c", query, 1)[0].chunk_id == "new#0"
+
+
+def test_failed_transaction_keeps_existing_data(store: SqliteStore) -> None:
+    store.upsert_documents("c", [_document("keep", ["kept text"])])
+    bad = DocumentInput("bad", "", "x", {"not_json": object()}, [ChunkInput(0, "x", 0, 1, _vector(1))])
+    with pytest.raises(TypeError):
+        store.upsert_documents("c", [_document("new", ["new text"]), bad])
+    assert store.get_document("c", "keep") is not None
+    assert store.get_document("c", "new") is None, "the whole call rolled back"
+    assert store.chunk_count("c") == 1
+
+
+def test_get_chunks_keeps_requested_order(store: SqliteStore) -> None:
+    store.upsert_documents("c", [_document("d1", ["a", "b", "c"], title="T")])
+    chunks = store.get_chunks("c", ["d1#2", "missing#0", "d1#0"])
+    assert [c.chunk_id for c in chunks] == ["d1#2", "d1#0"]
+    assert chunks[0].title == "T"
+    assert chunks[0].metadata == {"k": "d1"}
+
+
+def test_call_records_survive_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite3"
+    first = SqliteStore(path)
+    first.record_call(CallRecord(100.0, "rag_basic", "basic", 12.5, True, None))
+    first.close()
+    reopened = SqliteStore(path)
+    assert reopened.calls_since(50.0) == [CallRecord(100.0, "rag_basic", "basic", 12.5, True, None)]
+    assert reopened.calls_since(150.0) == []

@@ -1,0 +1,45 @@
+"""One source of truth: the JSON files, the pydantic models and the registry agree."""
+
+from iris_rag.pipelines.base import QueryOptions, TechniqueRequest
+from iris_rag.pipelines.registry import PIPELINES
+from iris_rag.schemas import technique_tools, tool_spec, tool_specs
+
+
+def _no_refs(node: object) -> bool:
+    if isinstance(node, dict):
+        return "$ref" not in node and all(_no_refs(v) for v in node.values())
+    if isinstance(node, list):
+        return all(_no_refs(v) for v in node)
+    return True
+
+
+def test_every_tool_is_complete_and_self_contained() -> None:
+    names = {spec["name"] for spec in tool_specs()}
+    assert {
+        "rag_basic",
+        "rag_ingest",
+        "rag_list_collections",
+        "rag_get_document",
+        "rag_health_check",
+        "rag_metrics",
+    } <= names
+    for spec in tool_specs():
+        assert spec["description"] and spec["title"]
+        assert spec["inputSchema"]["type"] == "object"
+        assert spec["outputSchema"]["type"] == "object"
+        assert set(spec["annotations"]) >= {"readOnlyHint", "destructiveHint"}
+        assert _no_refs(spec), f"{spec['name']} still has a $ref"
+
+
+def test_pydantic_models_match_the_schema() -> None:
+    spec = tool_spec("rag_basic")
+    assert spec is not None
+    options = spec["inputSchema"]["properties"]["options"]["properties"]
+    assert set(options) == set(QueryOptions.model_fields)
+    for name, field in QueryOptions.model_fields.items():
+        assert options[name]["default"] == field.default, name
+    assert set(spec["inputSchema"]["properties"]) == set(TechniqueRequest.model_fields)
+
+
+def test_every_technique_tool_has_a_pipeline() -> None:
+    assert set(technique_tools()) == set(PIPELINES)

@@ -1,0 +1,72 @@
+"""Ingestion and the collection tools through the service (what the worker calls)."""
+
+import pytest
+
+from iris_rag.errors import DocumentNotFoundError
+from iris_rag.service import RagService
+from tests.conftest import DOCUMENTS, ask
+
+
+def test_one_bad_document_does_not_stop_the_others(service: RagService) -> None:
+    result = service.ingest(
+        {
+            "collection_id": "mixed",
+            "documents": [
+                {"id": "good", "content": "A perfectly good document about tides."},
+                {"id": "empty", "content": "   "},
+                {"id": "good", "content": "The same id again in one call."},
+                {"id": "", "content": "No id."},
+                {"content": "No id given, so one is derived from the content."},
+            ],
+        }
+    )
+    assert result["ingested_count"] == 2
+    assert result["document_ids"][0] == "good"
+    assert result["document_ids"][1].startswith("doc-")
+    assert [(e["index"], e["code"]) for e in result["errors"]] == [
+        (1, "INVALID_DOCUMENT"),
+        (2, "DUPLICATE_DOCUMENT_ID"),
+        (3, "INVALID_DOCUMENT"),
+    ]
+    stored = service.get_document({"document_id": "good", "collection_id": "mixed"})
+    assert stored["content"] == "A perfectly good document about tides."
+
+
+def test_reingest_replaces_and_is_searchable_at_once(loaded_service: RagService) -> None:
+    loaded_service.ingest(
+        {
+            "collection_id": "docs",
+            "documents": [{"id": "volcano", "content": "Glaciers carve U-shaped valleys."}],
+        }
+    )
+    listed = loaded_service.list_collections({})["collections"]
+    assert [(c["id"], c["document_count"], c["chunk_count"]) for c in listed] == [("docs", 3, 3)]
+    top = ask(loaded_service, "glacier valleys", options={"top_k": 1})["retrieved_documents"]
+    assert top[0]["id"] == "volcano"  # type: ignore[index]
+    assert "Glaciers" in top[0]["content"]  # type: ignore[index]
+
+
+def test_get_document_with_chunks_and_unknown_ids(loaded_service: RagService) -> None:
+    document = loaded_service.get_document(
+        {"document_id": "aspirin", "collection_id": "docs", "include_chunks": True}
+    )
+    assert document["title"] == DOCUMENTS[0]["title"]
+    assert document["metadata"] == DOCUMENTS[0]["metadata"]
+    assert document["chunks"][0]["chunk_id"] == "aspirin#0"
+    with pytest.raises(DocumentNotFoundError):
+        loaded_service.get_document({"document_id": "missing", "collection_id": "docs"})
+
+
+def test_health_reports_every_component(loaded_service: RagService) -> None:
+    health = loaded_service.health_check({"include_details": True})
+    assert health["status"] == "healthy"
+    assert set(health["components"]) == {
+        "database",
+        "python_bridge",
+        "embedding_service",
+        "llm_service",
+        "vector_store",
+    }
+    assert health["components"]["embedding_service"]["details"]["dimension"] == 384
+    assert health["components"]["vector_store"]["details"]["chunks"] == 3
+    assert "details" not in loaded_service.health_check({})["components"]["database"]

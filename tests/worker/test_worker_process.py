@@ -1,0 +1,196 @@
+"""The worker driven as the front end drives it: a subprocess speaking JSON lines."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import DOCUMENTS, ROOT
+
+
+class WorkerProcess:
+    """`python -m iris_rag.bridge` with a thread collecting its stdout lines in arrival order."""
+
+    def __init__(self, data_dir: Path) -> None:
+        env = {**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "iris_rag.bridge"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.raw_lines: list[bytes] = []
+        self.responses: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.order: list[Any] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self._next = 0
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.raw_lines.append(line)
+            message = orjson.loads(line)  # a non-JSON line fails the test through all_lines_are_json
+            self.order.append(message["id"])
+            self.responses.put(message)
+
+    def send(self, method: str, params: dict[str, Any] | None = None, raw: bytes | None = None) -> str:
+        self._next += 1
+        request_id = f"r{self._next}"
+        line = (
+            raw
+            if raw is not None
+            else orjson.dumps({"id": request_id, "method": method, "params": params or {}})
+        )
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+        return request_id
+
+    def wait_for(self, request_id: Any, timeout: float = 120) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        pending: list[dict[str, Any]] = []
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    message = self.responses.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if message["id"] == request_id:
+                    return message
+                pending.append(message)
+            raise TimeoutError(request_id)
+        finally:
+            for message in pending:
+                self.responses.put(message)
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.wait_for(self.send(method, params))
+
+    def all_lines_are_json(self) -> bool:
+        return all(isinstance(orjson.loads(line), dict) for line in self.raw_lines)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
+    process = WorkerProcess(tmp_path / "data")
+    yield process
+    process.stop()
+
+
+def test_describe_and_health_answer_while_the_model_loads(worker: WorkerProcess) -> None:
+    slow = worker.send("ingest", {"collection_id": "docs", "documents": DOCUMENTS})
+    describe = worker.send("describe")
+    health = worker.send("health_check", {"include_details": True})
+    described = worker.wait_for(describe, timeout=30)
+    assert {t["name"] for t in described["result"]["tools"]} >= {
+        "rag_basic",
+        "rag_ingest",
+        "rag_health_check",
+    }
+    health_result = worker.wait_for(health, timeout=30)["result"]
+    assert health_result["components"]["embedding_service"]["details"]["state"] == "loading"
+    assert health_result["status"] == "degraded"
+    ingested = worker.wait_for(slow)
+    assert ingested["success"] and ingested["result"]["ingested_count"] == 3
+    # Answered out of order: the later describe and health came back before the ingest.
+    assert worker.order.index(describe) < worker.order.index(slow)
+    assert worker.order.index(health) < worker.order.index(slow)
+    assert worker.all_lines_are_json()
+
+
+def test_full_session_and_bad_input(worker: WorkerProcess) -> None:
+    bad_line = worker.send("", raw=b"{this is not json")
+    assert bad_line
+    malformed = worker.wait_for(None, timeout=30)
+    assert malformed["error"]["code"] == "MALFORMED_REQUEST"
+    assert worker.call("describe")["success"], "the worker survived the malformed line"
+
+    assert worker.call("ingest", {"collection_id": "docs", "documents": DOCUMENTS})["success"]
+    duplicate = worker.call(
+        "ingest",
+        {
+            "collection_id": "docs",
+            "documents": [{"id": "x", "content": "one"}, {"id": "x", "content": "two"}],
+        },
+    )
+    assert duplicate["result"]["errors"][0]["code"] == "DUPLICATE_DOCUMENT_ID"
+
+    answer = worker.call(
+        "execute", {"technique": "basic", "arguments": {"query": "volcano lava", "collection_id": "docs"}}
+    )
+    assert answer["success"]
+    assert answer["result"]["retrieved_documents"][0]["id"] == "volcano"
+
+    def code(method: str, params: dict[str, Any]) -> str:
+        response = worker.call(method, params)
+        assert response["success"] is False
+        return str(response["error"]["code"])
+
+    def basic(arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"technique": "basic", "arguments": {"collection_id": "docs", **arguments}}
+
+    assert code("execute", basic({"query": ""})) == "INVALID_QUERY"
+    assert code("execute", basic({"query": "   "})) == "INVALID_QUERY"
+    assert code("execute", basic({"query": "q" * 2049})) == "INVALID_QUERY"
+    for top_k in (0, 51, "5"):
+        assert code("execute", basic({"query": "q", "options": {"top_k": top_k}})) == "INVALID_PARAMETERS"
+    assert code("execute", basic({"query": "q", "options": {"bogus": True}})) == "INVALID_PARAMETERS"
+    assert code("execute", {"technique": "basic", "arguments": {"query": "q", "collection_id": "nope"}}) == (
+        "COLLECTION_NOT_FOUND"
+    )
+    assert code("execute", {"technique": "telepathy", "arguments": {"query": "q"}}) == "PIPELINE_NOT_FOUND"
+    assert code("get_document", {"document_id": "missing", "collection_id": "docs"}) == "DOCUMENT_NOT_FOUND"
+    assert code("no_such_method", {}) == "METHOD_NOT_FOUND"
+
+    listed = worker.call("list_collections")["result"]["collections"]
+    assert [(c["id"], c["document_count"]) for c in listed] == [("docs", 4)], "no bad call lost or added data"
+    metrics = worker.call("metrics", {"time_range": "1h"})["result"]
+    assert metrics["by_technique"]["basic"]["request_count"] >= 8
+    assert metrics["by_technique"]["basic"]["error_codes"]["INVALID_QUERY"] == 3
+
+    shutdown = worker.call("shutdown")
+    assert shutdown["result"] == {"shutting_down": True}
+    assert worker.process.wait(timeout=30) == 0
+    assert worker.all_lines_are_json()
+
+
+def test_killed_mid_request_loses_no_stored_data(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = WorkerProcess(data)
+    assert first.call("ingest", {"collection_id": "docs", "documents": DOCUMENTS})["success"]
+    big = [{"id": f"bulk-{i}", "content": f"Bulk document {i}. " * 200} for i in range(300)]
+    first.send("ingest", {"collection_id": "docs", "documents": big})
+    time.sleep(1.0)
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(timeout=10)
+
+    second = WorkerProcess(data)
+    try:
+        collections = second.call("list_collections")["result"]["collections"]
+        count = next(c["document_count"] for c in collections if c["id"] == "docs")
+        assert count in (3, 303), "the killed ingest is all or nothing"
+        answer = second.call(
+            "execute",
+            {"technique": "basic", "arguments": {"query": "aspirin heart attack", "collection_id": "docs"}},
+        )
+        assert answer["result"]["retrieved_documents"][0]["id"] == "aspirin"
+    finally:
+        second.stop()
