@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from iris_rag.errors import RagError
 from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
+from iris_rag.models.embedder import Embedder, resolve_model_path
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 
@@ -84,6 +85,20 @@ def cmd_query(args: argparse.Namespace, service: RagService) -> int:
     return 0
 
 
+def cmd_health(args: argparse.Namespace, service: RagService) -> int:
+    """Print the health report; exit 1 when unhealthy (a container HEALTHCHECK)."""
+    if args.quick:
+        # Without loading the model (seconds of CPU): the store answers and the model files are there.
+        service.store.ping()
+        path = resolve_model_path(service.settings.embedding_model)
+        report: dict[str, object] = {"status": "healthy", "database": "ok", "model_path": path}
+    else:
+        service.embedder.wait_ready()
+        report = service.health_check({"include_details": True})
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    return 1 if report["status"] == "unhealthy" else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(prog="iris-rag", description=__doc__)
@@ -111,14 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--no-generate", action="store_true", help="return the evidence only")
     query.add_argument("--answer-only", action="store_true", help="print only the answer text")
     query.set_defaults(handler=cmd_query)
+
+    health = commands.add_parser("health", help="check the store and the model; exit 1 when unhealthy")
+    health.add_argument("--quick", action="store_true", help="skip loading the model (for container checks)")
+    health.set_defaults(handler=cmd_health)
     return parser
+
+
+def _idle_embedder(settings: Settings) -> Embedder:
+    return Embedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    service = RagService(Settings())
+    settings = Settings()
+    # Only commands that embed need the model loaded; `health --quick` must stay light.
+    embedder = None if args.command != "health" or not args.quick else _idle_embedder(settings)
+    service = RagService(settings, embedder=embedder)
     try:
         code: int = args.handler(args, service)
     except RagError as exc:

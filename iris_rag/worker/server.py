@@ -18,7 +18,8 @@ from iris_rag.worker.protocol import Request, error_line, parse_request, success
 logger = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 256 * 1024 * 1024
-SHUTDOWN_GRACE_S = 10.0
+# Below the front end's 3 s before it kills the worker; an unfinished ingest simply rolls back.
+SHUTDOWN_GRACE_S = 2.5
 
 
 def claim_stdout() -> BinaryIO:

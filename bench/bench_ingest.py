@@ -1,0 +1,85 @@
+"""Ingest throughput (chunks/s) beside the raw encoder's throughput on the very same chunk texts.
+
+    .venv/bin/python -m bench.bench_ingest [--corpus FILE.jsonl] [--limit N] [--repeats R]
+
+The ratio ingest/raw says what chunking, bookkeeping and SQLite writes cost on top of the encoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import SAMPLE, machine, median, read_jsonl, write
+from iris_rag.ingestion.chunking import chunk_text
+from iris_rag.ingestion.ingestor import Ingestor, embedding_text
+from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.models.embedder import Embedder
+from iris_rag.settings import Settings
+from iris_rag.stores.sqlite import SqliteStore
+
+BATCH = 256  # documents per ingest call, as `iris-rag ingest` does
+
+
+def main() -> None:
+    """Alternate raw-encoder and full-ingest runs and report medians."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--corpus", type=Path, default=SAMPLE / "corpus.jsonl")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N documents")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    records = read_jsonl(args.corpus, args.limit)
+    documents = [SourceDocument(r["_id"], r["text"], r.get("title", ""), {}) for r in records]
+    settings = Settings()
+    embedder = Embedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
+    embedder.load()
+    texts = [
+        embedding_text(d.title, span.text)
+        for d in documents
+        for span in chunk_text(d.content, size=settings.chunk_size, overlap=settings.chunk_overlap)
+    ]
+    embedder.encode(texts[:64])  # warm-up
+
+    raw_rates, ingest_rates = [], []
+    for _ in range(args.repeats):
+        started = time.perf_counter()
+        embedder.encode(texts)
+        raw_rates.append(len(texts) / (time.perf_counter() - started))
+
+        with tempfile.TemporaryDirectory() as folder:
+            run_settings = Settings(RAG_DATA_DIR=Path(folder))
+            store = SqliteStore(run_settings.database_path)
+            ingestor = Ingestor(run_settings, store, embedder)
+            started = time.perf_counter()
+            chunks = sum(
+                ingestor.ingest("bench", documents[i : i + BATCH]).chunks_created
+                for i in range(0, len(documents), BATCH)
+            )
+            ingest_rates.append(chunks / (time.perf_counter() - started))
+            store.close()
+        assert chunks == len(texts)
+
+    raw, ingest = median(raw_rates), median(ingest_rates)
+    write(
+        args.out,
+        {
+            "benchmark": "ingest",
+            "corpus": str(args.corpus),
+            "documents": len(documents),
+            "chunks": len(texts),
+            "repeats": args.repeats,
+            "raw_encoder_chunks_per_s": raw,
+            "ingest_chunks_per_s": ingest,
+            "ratio_ingest_to_raw": round(ingest / raw, 3),
+            "runs": {"raw": [round(r, 1) for r in raw_rates], "ingest": [round(r, 1) for r in ingest_rates]},
+            "machine": machine(),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Helpers shared by the benchmarks: corpus reading, percentiles, printing."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "scifact"
+SCIFACT = ROOT.parent / "shared" / "data" / "scifact"
+
+
+def read_jsonl(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first `limit` records of a JSON-lines file."""
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                records.append(json.loads(line))
+            if limit is not None and len(records) >= limit:
+                break
+    return records
+
+
+def percentiles(samples_ms: list[float]) -> dict[str, float]:
+    """Median, p95 and count of a list of milliseconds."""
+    array = np.array(samples_ms)
+    return {
+        "p50": round(float(np.percentile(array, 50)), 3),
+        "p95": round(float(np.percentile(array, 95)), 3),
+        "n": len(samples_ms),
+    }
+
+
+def median(values: list[float]) -> float:
+    """The median, rounded for printing."""
+    return round(statistics.median(values), 3)
+
+
+def machine() -> dict[str, Any]:
+    """Where and when the figures were taken."""
+    import os
+
+    return {
+        "date": datetime.now(UTC).date().isoformat(),
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+    }
+
+
+def write(out: Path | None, result: dict[str, Any]) -> None:
+    """Print the result as JSON and save it when asked."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n", encoding="utf-8")

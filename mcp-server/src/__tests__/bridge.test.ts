@@ -1,0 +1,156 @@
+import assert from "node:assert/strict";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, it, type TestContext } from "node:test";
+
+import { WorkerBridge, type BridgeOptions } from "../bridge.js";
+import { BridgeError } from "../errors.js";
+import { config, freshDataDir } from "./helpers.js";
+
+/** A bridge to the real worker (python -m iris_rag.bridge) over an empty data directory, stopped after the test. */
+function realBridge(t: TestContext, overrides: Partial<BridgeOptions> = {}): WorkerBridge {
+  const bridge = new WorkerBridge({
+    python: config.python,
+    cwd: config.repoRoot,
+    env: { ...process.env, RAG_DATA_DIR: freshDataDir() },
+    requestTimeoutMs: 120_000,
+    maxConcurrentRequests: 8,
+    maxQueuedRequests: 100,
+    ...overrides,
+  });
+  t.after(() => bridge.stop());
+  return bridge;
+}
+
+/** Documents whose ingestion takes a while: the embedding model loads and every chunk is embedded. */
+const slowIngest = (count = 15) => ({
+  collection_id: "slow",
+  documents: Array.from({ length: count }, (_, i) => ({
+    id: `doc-${i}`,
+    content: `Document ${i}. `.concat("Retrieval-augmented generation grounds answers in retrieved text. ".repeat(60)),
+  })),
+});
+
+const isToolTable = (result: unknown) =>
+  Array.isArray((result as { tools?: unknown }).tools) && (result as { tools: unknown[] }).tools.length >= 6;
+
+async function rejection(promise: Promise<unknown>): Promise<BridgeError> {
+  try {
+    await promise;
+  } catch (error) {
+    assert.ok(error instanceof BridgeError, `expected a BridgeError, got ${String(error)}`);
+    return error;
+  }
+  assert.fail("expected the request to fail");
+}
+
+describe("WorkerBridge against the real worker", { timeout: 240_000 }, () => {
+  it("answers describe with the tool table", async (t) => {
+    const result = await realBridge(t).request("describe", {});
+    assert.ok(isToolTable(result));
+  });
+
+  it("correlates answers that come back out of order", async (t) => {
+    const bridge = realBridge(t);
+    const order: string[] = [];
+    const slow = bridge.request("ingest", slowIngest()).then(() => order.push("ingest"));
+    const fast = bridge.request("describe", {}).then((result) => {
+      assert.ok(isToolTable(result));
+      order.push("describe");
+    });
+    await Promise.all([slow, fast]);
+    assert.deepEqual(order, ["describe", "ingest"]);
+  });
+
+  it("rejects with TIMEOUT_EXCEEDED, drops the late answer and keeps working", async (t) => {
+    const bridge = realBridge(t);
+    // 1 ms is shorter than the worker's start-up, so describe's answer arrives after the timeout.
+    const error = await rejection(bridge.request("describe", {}, 1));
+    assert.equal(error.code, "TIMEOUT_EXCEEDED");
+    assert.match(error.message, /1 ms/);
+    assert.ok(isToolTable(await bridge.request("describe", {})));
+  });
+
+  it("fails in-flight requests with WORKER_CRASHED when the worker dies, then restarts it", async (t) => {
+    // A short request limit makes a missed crash fail as TIMEOUT_EXCEEDED instead of hanging the test.
+    const bridge = realBridge(t, { requestTimeoutMs: 8_000 });
+    await bridge.request("describe", {});
+    const firstPid = bridge.workerPid;
+    assert.ok(firstPid);
+    const inFlight = rejection(bridge.request("ingest", slowIngest()));
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const killedAt = Date.now();
+    process.kill(firstPid, "SIGKILL");
+    const error = await inFlight;
+    assert.equal(error.code, "WORKER_CRASHED");
+    assert.match(error.message, /SIGKILL/);
+    assert.ok(Date.now() - killedAt < 2_000, "the in-flight request must fail promptly");
+    assert.ok(isToolTable(await bridge.request("describe", {})));
+    assert.ok(bridge.workerPid && bridge.workerPid !== firstPid, "a new worker runs");
+  });
+
+  it("fails at once with RATE_LIMIT_EXCEEDED when the queue is full", async (t) => {
+    const bridge = realBridge(t, { maxConcurrentRequests: 1, maxQueuedRequests: 2 });
+    const accepted = [1, 2, 3].map(() => bridge.request("describe", {}));
+    const error = await rejection(bridge.request("describe", {}));
+    assert.equal(error.code, "RATE_LIMIT_EXCEEDED");
+    for (const result of await Promise.all(accepted)) assert.ok(isToolTable(result));
+  });
+});
+
+describe("WorkerBridge protocol edge cases (scripted worker)", () => {
+  /** A stand-in iris_rag.bridge in its own directory: `python -m iris_rag.bridge` resolves it from cwd. */
+  function scriptedBridge(t: TestContext): WorkerBridge {
+    const root = freshDataDir();
+    mkdirSync(join(root, "iris_rag"));
+    writeFileSync(join(root, "iris_rag", "__init__.py"), "");
+    writeFileSync(
+      join(root, "iris_rag", "bridge.py"),
+      `import json, sys
+print("not json at start-up", flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    method, rid = request["method"], request["id"]
+    if method == "die":
+        print("fatal: told to die", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if method == "fail":
+        print(json.dumps({"id": rid, "success": False, "error": {"code": "COLLECTION_NOT_FOUND", "message": "no such", "details": {"collection_id": "x"}}}), flush=True)
+        continue
+    print("{half a line", flush=True)
+    print(json.dumps({"id": None, "success": False, "error": {"code": "MALFORMED_REQUEST", "message": "unreadable"}}), flush=True)
+    print(json.dumps({"id": rid, "success": True, "result": {"method": method, "params": request["params"]}}), flush=True)
+`,
+    );
+    const bridge = new WorkerBridge({ python: config.python, cwd: root, requestTimeoutMs: 20_000, maxConcurrentRequests: 4, maxQueuedRequests: 4 });
+    t.after(() => bridge.stop());
+    return bridge;
+  }
+
+  it("ignores lines that are not JSON responses and still resolves by id", async (t) => {
+    const result = await scriptedBridge(t).request("echo", { a: 1 });
+    assert.deepEqual(result, { method: "echo", params: { a: 1 } });
+  });
+
+  it("rejects with the worker's error code, message and details", async (t) => {
+    const error = await rejection(scriptedBridge(t).request("fail", {}));
+    assert.deepEqual(error.toJSON(), { code: "COLLECTION_NOT_FOUND", message: "no such", details: { collection_id: "x" } });
+  });
+
+  it("names the exit code and keeps the stderr tail when the worker exits", async (t) => {
+    const bridge = scriptedBridge(t);
+    const error = await rejection(bridge.request("die", {}));
+    assert.equal(error.code, "WORKER_CRASHED");
+    assert.match(error.message, /code 3/);
+    assert.match(String(error.details?.stderr_tail), /told to die/);
+    assert.deepEqual(await bridge.request("echo", {}), { method: "echo", params: {} });
+  });
+
+  it("fails with WORKER_UNAVAILABLE when the Python executable does not exist", async () => {
+    const bridge = new WorkerBridge({ python: "/nonexistent/python3", cwd: config.repoRoot, requestTimeoutMs: 5_000, maxConcurrentRequests: 1, maxQueuedRequests: 1 });
+    const [first, second] = await Promise.all([rejection(bridge.request("describe", {})), rejection(bridge.request("describe", {}))]);
+    assert.equal(first.code, "WORKER_UNAVAILABLE");
+    assert.equal(second.code, "WORKER_UNAVAILABLE");
+    await bridge.stop();
+  });
+});

@@ -1,0 +1,54 @@
+/**
+ * The error codes a caller can see, mirrored from iris_rag/errors.py, plus the ones only the
+ * front end raises (RATE_LIMIT_EXCEEDED, WORKER_CRASHED, WORKER_UNAVAILABLE).
+ */
+export const ERROR_HINTS = {
+  INVALID_QUERY: "Pass a non-empty `query` string of at most 2,048 characters that is not only whitespace.",
+  INVALID_PARAMETERS: "Fix the arguments named in the message so they match the tool's inputSchema (tools/list).",
+  PIPELINE_NOT_FOUND: "Call one of the tools listed by tools/list; the tool name is case-sensitive.",
+  COLLECTION_NOT_FOUND: "Check the collection id with rag_list_collections, or create it with rag_ingest.",
+  DOCUMENT_NOT_FOUND: "Use a document id returned in retrieved_documents[].id or rag_ingest's document_ids.",
+  EMBEDDING_MISMATCH: "The collection was built with another embedding model; re-ingest it or start the server with that model.",
+  RETRIEVAL_FAILED: "Retrieval failed inside the server; retry, and check rag_health_check if it persists.",
+  GENERATION_FAILED: "The answer could not be generated; the retrieved documents may still be in structuredContent. Retry or set options.generate=false.",
+  MODEL_UNAVAILABLE: "The embedding model could not be loaded; check rag_health_check and the server logs.",
+  TIMEOUT_EXCEEDED: "The request took too long; retry with a smaller top_k or fewer documents, or raise REQUEST_TIMEOUT_MS.",
+  RATE_LIMIT_EXCEEDED: "Too many requests are waiting; retry after the running ones finish.",
+  WORKER_CRASHED: "The Python worker stopped while handling the request; it restarts on the next call, so retry once.",
+  WORKER_UNAVAILABLE: "The Python worker could not be started; check IRIS_RAG_PYTHON and the server logs.",
+  MALFORMED_REQUEST: "The front end sent a request the worker could not read; this is a server bug, report it.",
+  METHOD_NOT_FOUND: "The front end asked the worker for a method it does not have; front end and worker versions differ.",
+  INTERNAL_ERROR: "Unexpected server error; retry, and report it with the message if it persists.",
+} as const;
+
+export type ErrorCode = keyof typeof ERROR_HINTS;
+
+export const isErrorCode = (code: string): code is ErrorCode => Object.hasOwn(ERROR_HINTS, code);
+
+/** A failure with a code from the list above; built from the worker's error object or by the front end. */
+export class BridgeError extends Error {
+  override readonly name = "BridgeError";
+
+  constructor(
+    /** A code from ERROR_HINTS, or whatever the worker sent when it is newer than this list. */
+    readonly code: string,
+    message: string,
+    readonly details?: Record<string, unknown>,
+  ) {
+    super(message);
+  }
+
+  get hint(): string {
+    return isErrorCode(this.code) ? ERROR_HINTS[this.code] : ERROR_HINTS.INTERNAL_ERROR;
+  }
+
+  toJSON(): { code: string; message: string; details?: Record<string, unknown> } {
+    return { code: this.code, message: this.message, ...(this.details && { details: this.details }) };
+  }
+}
+
+/** Any thrown value as a BridgeError, so callers handle one type. */
+export function asBridgeError(error: unknown): BridgeError {
+  if (error instanceof BridgeError) return error;
+  return new BridgeError("INTERNAL_ERROR", error instanceof Error ? error.message : String(error));
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env node
+/** Entry point: an MCP server on stdio. stdout carries the protocol only, so every log goes to stderr. */
+import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
+
+import { loadConfig } from "./config.js";
+import { createServer } from "./server.js";
+
+async function main(): Promise<void> {
+  const config = loadConfig();
+  const { server, tools, cleanup } = createServer(config);
+
+  let exiting = false;
+  const shutdown = (reason: string) => {
+    if (exiting) return;
+    exiting = true;
+    console.error(`[iris-rag] shutting down (${reason})`);
+    void cleanup().finally(() => process.exit(0));
+  };
+  process.stdin.once("end", () => shutdown("stdin closed"));
+  process.once("SIGTERM", () => shutdown("SIGTERM"));
+  process.once("SIGINT", () => shutdown("SIGINT"));
+  server.onclose = () => shutdown("connection closed");
+
+  await server.connect(new StdioServerTransport());
+  // Start the worker and fetch the tool table now, so the first tools/list does not wait for Python.
+  tools.load().catch((error: unknown) => console.error(`[iris-rag] describe failed (will retry on demand): ${String(error)}`));
+  console.error(`[iris-rag] MCP server ready on stdio (worker: ${config.python} -m iris_rag.bridge in ${config.repoRoot})`);
+}
+
+main().catch((error: unknown) => {
+  console.error(`[iris-rag] fatal: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}`);
+  process.exit(1);
+});

@@ -1,0 +1,134 @@
+"""Drive `node mcp-server/dist/index.js` with the official MCP Python client, as an MCP host would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.types import CallToolResult, TextContent
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+EXPECTED_TOOLS = {
+    "rag_basic",
+    "rag_ingest",
+    "rag_list_collections",
+    "rag_get_document",
+    "rag_health_check",
+    "rag_metrics",
+}
+DOCUMENTS = [
+    {
+        "id": "seine",
+        "title": "Paris",
+        "content": "Paris is the capital of France. The river Seine flows through the city.",
+    },
+    {
+        "id": "photosynthesis",
+        "title": "Plants",
+        "content": "Photosynthesis lets plants turn sunlight, water and carbon dioxide into sugar.",
+    },
+    {
+        "id": "python",
+        "title": "Python",
+        "content": "Python is a programming language known for its readable syntax.",
+    },
+]
+CALL_TIMEOUT_S = 120  # the first ingest also loads the embedding model
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def session(
+    repo_root: Path, server_entry: Path, server_env: dict[str, str]
+) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command="node", args=[str(server_entry)], env=server_env, cwd=repo_root)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        with anyio.fail_after(CALL_TIMEOUT_S):
+            await client.initialize()
+        yield client
+
+
+async def call(
+    session: ClientSession, name: str, arguments: dict[str, Any]
+) -> tuple[CallToolResult, dict[str, Any]]:
+    """Call a tool; return the result and its text content parsed as JSON."""
+    with anyio.fail_after(CALL_TIMEOUT_S):
+        result = await session.call_tool(name, arguments)
+    assert len(result.content) == 1
+    content = result.content[0]
+    assert isinstance(content, TextContent)
+    return result, json.loads(content.text)
+
+
+async def test_lists_the_six_tools_with_their_schemas(session: ClientSession) -> None:
+    tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+    assert set(tools) == EXPECTED_TOOLS
+    for tool in tools.values():
+        assert tool.inputSchema["type"] == "object"
+        assert tool.outputSchema is not None and tool.outputSchema["type"] == "object"
+        assert tool.annotations is not None and tool.annotations.readOnlyHint is not None
+        assert tool.description
+    assert tools["rag_basic"].inputSchema["required"] == ["query"]
+    ingest_annotations = tools["rag_ingest"].annotations
+    assert ingest_annotations is not None and ingest_annotations.readOnlyHint is False
+
+
+async def test_ingests_then_answers_from_the_ingested_documents(session: ClientSession) -> None:
+    ingested, body = await call(session, "rag_ingest", {"collection_id": "e2e", "documents": DOCUMENTS})
+    assert not ingested.isError, body
+    assert body["ingested_count"] == 3
+    assert sorted(body["document_ids"]) == sorted(doc["id"] for doc in DOCUMENTS)
+    assert body["errors"] == []
+
+    query = {"query": "Which river flows through Paris?", "collection_id": "e2e", "options": {"top_k": 2}}
+    result, answer = await call(session, "rag_basic", query)
+    assert not result.isError, answer
+    assert result.structuredContent == answer
+    assert answer["success"] is True
+    assert answer["technique"] == "basic"
+    retrieved = answer["retrieved_documents"]
+    assert 1 <= len(retrieved) <= 2
+    assert {doc["id"] for doc in retrieved} <= {doc["id"] for doc in DOCUMENTS}
+    assert retrieved[0]["id"] == "seine"
+    assert answer["metadata"]["collection_id"] == "e2e"
+
+
+async def test_invalid_arguments_are_rejected_with_invalid_parameters(session: ClientSession) -> None:
+    arguments = {"query": "Paris?", "collection_id": "e2e", "options": {"top_k": 0}}
+    result, body = await call(session, "rag_basic", arguments)
+    assert result.isError
+    assert body["success"] is False
+    assert body["error"]["code"] == "INVALID_PARAMETERS"
+    assert "top_k" in body["error"]["message"]
+    assert body["hint"]
+
+
+async def test_blank_query_is_rejected_with_invalid_query(session: ClientSession) -> None:
+    result, body = await call(session, "rag_basic", {"query": "   "})
+    assert result.isError
+    assert body["error"]["code"] == "INVALID_QUERY"
+
+
+async def test_unknown_tool_is_an_error_result(session: ClientSession) -> None:
+    result, body = await call(session, "rag_does_not_exist", {})
+    assert result.isError
+    assert body["error"]["code"] == "PIPELINE_NOT_FOUND"
+
+
+async def test_health_check_reports_a_reachable_worker(session: ClientSession) -> None:
+    result, health = await call(session, "rag_health_check", {})
+    assert not result.isError, health
+    assert result.structuredContent == health
+    assert health["status"] in {"healthy", "degraded"}
+    assert health["components"]["python_bridge"]["status"] == "healthy"
