@@ -1,11 +1,13 @@
-"""rag_basic latency three ways, on the same queries and the same store:
+"""rag_basic latency four ways, on the same queries and the same store:
 
 1. direct: RagService.execute in this Python process;
 2. worker: the Python worker over JSON lines (the bridge alone, no Node);
-3. mcp: the real MCP server over stdio, called by the official Python MCP client.
+3. mcp_raw: the real MCP server over stdio, called with bare JSON-RPC lines (no client library);
+4. mcp_client: the same server called by the official Python MCP client, which also validates every result
+   against the tool's outputSchema with jsonschema (a cost of that client, not of this server).
 
-mcp - direct is what the front end, the bridge and the client cost per call. Also: how long the worker takes
-to give its first answer after it is started.
+Each query goes through all four in turn, and overheads are medians of the paired differences, so the
+drift of a shared machine cancels out. Also: how long a worker takes to give its first answer.
 
     .venv/bin/python -m bench.bench_latency [--corpus FILE --queries FILE] [--queries-limit N]
 """
@@ -55,80 +57,120 @@ def arguments(query: str) -> dict[str, Any]:
     return {"query": query, "collection_id": COLLECTION, "options": {"top_k": 5}}
 
 
-def run_direct(data_dir: Path, queries: list[str], warmup: int) -> list[float]:
-    """Time RagService.execute in-process."""
-    service = RagService(Settings(RAG_DATA_DIR=data_dir))
-    service.embedder.wait_ready()
-    times = []
-    for i, query in enumerate(queries[:warmup] + queries):
-        started = time.perf_counter()
-        service.execute({"technique": "basic", "arguments": arguments(query)})
-        if i >= warmup:
-            times.append((time.perf_counter() - started) * 1000)
-    service.close()
-    return times
+class JsonLinesProcess:
+    """A subprocess answering one JSON object per line (the worker, or the MCP server as raw JSON-RPC)."""
+
+    def __init__(self, command: list[str], data_dir: Path) -> None:
+        env = {**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING"}
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.next_id = 0
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(orjson.dumps(message) + b"\n")
+        self.process.stdin.flush()
+
+    def request(self, message: dict[str, Any]) -> Any:
+        self.next_id += 1
+        self.send({**message, "id": self.next_id})
+        assert self.process.stdout is not None
+        while True:
+            response = orjson.loads(self.process.stdout.readline())
+            if response.get("id") == self.next_id:
+                return response
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
 
-def _worker(data_dir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "iris_rag.bridge"],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def _round_trip(worker: subprocess.Popen[bytes], request_id: int, method: str, params: dict[str, Any]) -> Any:
-    assert worker.stdin is not None and worker.stdout is not None
-    worker.stdin.write(orjson.dumps({"id": request_id, "method": method, "params": params}) + b"\n")
-    worker.stdin.flush()
-    response = orjson.loads(worker.stdout.readline())
-    assert response["id"] == request_id and response["success"], response
+def worker_call(worker: JsonLinesProcess, method: str, params: dict[str, Any]) -> Any:
+    """One bridge request; the result or an AssertionError."""
+    response = worker.request({"method": method, "params": params})
+    assert response["success"], response
     return response["result"]
 
 
-def run_worker(data_dir: Path, queries: list[str], warmup: int) -> tuple[list[float], list[float]]:
-    """Time calls over JSON lines to a worker subprocess; also its first-answer times."""
-    first_answers = []
-    for _ in range(3):
-        started = time.perf_counter()
-        worker = _worker(data_dir)
-        _round_trip(worker, 0, "describe", {})
-        first_answers.append((time.perf_counter() - started) * 1000)
-        worker.kill()
-        worker.wait()
-    worker = _worker(data_dir)
-    times = []
-    for i, query in enumerate(queries[:warmup] + queries):
-        started = time.perf_counter()
-        _round_trip(worker, i + 1, "execute", {"technique": "basic", "arguments": arguments(query)})
-        if i >= warmup:
-            times.append((time.perf_counter() - started) * 1000)
-    worker.kill()
-    worker.wait()
-    return times, first_answers
-
-
-async def run_mcp(data_dir: Path, queries: list[str], warmup: int) -> list[float]:
-    """Time tools/call rag_basic through `node mcp-server/dist/index.js` with the Python MCP client."""
-    server = StdioServerParameters(
-        command="node",
-        args=[str(ROOT / "mcp-server" / "dist" / "index.js")],
-        env={**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING"},
-        cwd=str(ROOT),
+def raw_mcp_call(server: JsonLinesProcess, name: str, args: dict[str, Any]) -> Any:
+    """tools/call as bare JSON-RPC: the server's cost without any client library's."""
+    response = server.request(
+        {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": name, "arguments": args}}
     )
+    assert not response["result"].get("isError"), response
+    return response["result"]
+
+
+def first_answer_times(data_dir: Path, runs: int = 3) -> list[float]:
+    """Milliseconds from starting a worker to its answer to describe."""
     times = []
-    async with stdio_client(server) as (read, write_stream), ClientSession(read, write_stream) as session:
-        await session.initialize()
-        for i, query in enumerate(queries[:warmup] + queries):
-            started = time.perf_counter()
-            result = await session.call_tool("rag_basic", arguments(query))
-            if i >= warmup:
-                times.append((time.perf_counter() - started) * 1000)
-            assert not result.isError, result.content
+    for _ in range(runs):
+        started = time.perf_counter()
+        worker = JsonLinesProcess([sys.executable, "-m", "iris_rag.bridge"], data_dir)
+        worker_call(worker, "describe", {})
+        times.append((time.perf_counter() - started) * 1000)
+        worker.close()
+    return times
+
+
+async def measure(data_dir: Path, queries: list[str], warmup: int) -> dict[str, list[float]]:
+    """Call rag_basic on every path for each query in turn, so drift on a shared machine hits all alike."""
+    service = RagService(Settings(RAG_DATA_DIR=data_dir))
+    service.embedder.wait_ready()
+    worker = JsonLinesProcess([sys.executable, "-m", "iris_rag.bridge"], data_dir)
+    node = ["node", str(ROOT / "mcp-server" / "dist" / "index.js")]
+    raw = JsonLinesProcess(node, data_dir)
+    raw.request(
+        {
+            "jsonrpc": "2.0",
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "bench", "version": "0"},
+            },
+        }
+    )
+    raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    server = StdioServerParameters(
+        command=node[0],
+        args=node[1:],
+        env={**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING"},
+    )
+    times: dict[str, list[float]] = {"direct": [], "worker": [], "mcp_raw": [], "mcp_client": []}
+    try:
+        async with stdio_client(server) as (read, write_stream), ClientSession(read, write_stream) as session:
+            await session.initialize()
+            await session.list_tools()  # the client validates results against the listed outputSchema
+
+            async def via_client(args: dict[str, Any]) -> None:
+                result = await session.call_tool("rag_basic", args)
+                assert not result.isError, result.content
+
+            for i, query in enumerate(queries[:warmup] + queries):
+                args = arguments(query)
+                for path in times:
+                    started = time.perf_counter()
+                    if path == "direct":
+                        service.execute({"technique": "basic", "arguments": args})
+                    elif path == "worker":
+                        worker_call(worker, "execute", {"technique": "basic", "arguments": args})
+                    elif path == "mcp_raw":
+                        raw_mcp_call(raw, "rag_basic", args)
+                    else:
+                        await via_client(args)
+                    if i >= warmup:
+                        times[path].append((time.perf_counter() - started) * 1000)
+    finally:
+        worker.close()
+        raw.close()
+        service.close()
     return times
 
 
@@ -143,25 +185,31 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    data_dir = args.data_dir or ROOT / "bench" / ".data" / args.corpus.parent.name
+    data_dir = (
+        args.data_dir
+        or ROOT / "bench" / ".data" / f"{args.corpus.parent.parent.name}-{args.corpus.parent.name}"
+    )
     prepare(data_dir, args.corpus)
     queries = [q["text"] for q in read_jsonl(args.queries, args.queries_limit)]
 
-    direct = run_direct(data_dir, queries, args.warmup)
-    worker, first_answers = run_worker(data_dir, queries, args.warmup)
-    mcp = anyio.run(run_mcp, data_dir, queries, args.warmup)
-    direct_p, worker_p, mcp_p = percentiles(direct), percentiles(worker), percentiles(mcp)
+    times = anyio.run(measure, data_dir, queries, args.warmup)
+    first_answers = first_answer_times(data_dir)
+
+    def paired_median(path: str) -> float:
+        return median([t - d for t, d in zip(times[path], times["direct"], strict=True)])
+
     write(
         args.out,
         {
             "benchmark": "rag_basic latency (ms, extractive answer, top_k 5)",
             "corpus": str(args.corpus),
             "queries": len(queries),
-            "direct_python": direct_p,
-            "worker_json_lines": worker_p,
-            "mcp_stdio": mcp_p,
-            "bridge_overhead_p50_ms": round(worker_p["p50"] - direct_p["p50"], 3),
-            "front_end_and_bridge_overhead_p50_ms": round(mcp_p["p50"] - direct_p["p50"], 3),
+            **{path: percentiles(samples) for path, samples in times.items()},
+            "overhead_p50_ms": {
+                "worker_bridge": paired_median("worker"),
+                "front_end_and_bridge": paired_median("mcp_raw"),
+                "front_end_bridge_and_python_mcp_client": paired_median("mcp_client"),
+            },
             "worker_first_answer_ms": {
                 "median": median(first_answers),
                 "runs": [round(t) for t in first_answers],

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
 import time
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
@@ -11,24 +14,46 @@ import numpy as np
 
 from iris_rag.stores.base import CallRecord, DocumentStore
 
+logger = logging.getLogger(__name__)
+
 WINDOWS_S = {"1h": 3600, "24h": 86_400, "7d": 7 * 86_400, "30d": 30 * 86_400}
 
 
 class Monitor:
-    """Records calls durably, so windows longer than one process's life are right after a restart."""
+    """Records calls durably, so windows longer than one process's life are right after a restart.
+
+    Records are written by a background thread: a write to the store never delays the answer it describes.
+    """
 
     def __init__(self, store: DocumentStore) -> None:
         self.store = store
         self.started_at = time.time()
+        self._pending: queue.Queue[CallRecord] = queue.Queue()
+        threading.Thread(target=self._write_forever, name="monitor", daemon=True).start()
 
     def record(
         self, tool: str, technique: str | None, duration_ms: float, success: bool, error_code: str | None
     ) -> None:
-        """Store one call."""
-        self.store.record_call(CallRecord(time.time(), tool, technique, duration_ms, success, error_code))
+        """Queue one call for storing."""
+        self._pending.put(CallRecord(time.time(), tool, technique, duration_ms, success, error_code))
+
+    def _write_forever(self) -> None:
+        while True:
+            record = self._pending.get()
+            try:
+                self.store.record_call(record)
+            except Exception:
+                logger.exception("could not store a call record")
+            finally:
+                self._pending.task_done()
+
+    def flush(self) -> None:
+        """Wait until every queued record is stored."""
+        self._pending.join()
 
     def metrics(self, time_range: str = "24h", technique_filter: str | None = None) -> dict[str, Any]:
         """Counts, rates and latency percentiles, overall, per technique and per tool."""
+        self.flush()
         now = time.time()
         window = WINDOWS_S[time_range]
         records = self.store.calls_since(now - window)

@@ -55,7 +55,8 @@ class RagService:
         }
 
     def close(self) -> None:
-        """Release the store."""
+        """Store the last call records, then release the store."""
+        self.monitor.flush()
         self.store.close()
 
     def describe(self, _params: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,15 +50,20 @@ class Embedder:
         self._model: Any = None
         self._dimension: int | None = None
         self._ready = threading.Event()
-        # One encode at a time: torch already uses every core, and the model is not documented thread-safe.
-        self._encode_lock = threading.Lock()
+        # Every encode runs on this one thread: torch already uses every core for one call, and its OpenMP
+        # pool is per calling thread, so encodes from many threads would leave idle pools spinning on the CPU.
+        self._encode_thread = ThreadPoolExecutor(1, thread_name_prefix="encode")
 
     def start_loading(self) -> None:
-        """Load in a background thread so the worker answers describe and health_check meanwhile."""
-        threading.Thread(target=self.load, name="embedder-load", daemon=True).start()
+        """Load in the background so the worker answers describe and health_check meanwhile."""
+        self._encode_thread.submit(self._load)
 
     def load(self) -> None:
         """Load the model now (blocking); records failure instead of raising."""
+        self._encode_thread.submit(self._load).result()
+
+    def _load(self) -> None:
+        # Runs on the encode thread, like every encode: torch is only ever called from that one thread.
         if self._ready.is_set():
             return
         started = time.perf_counter()
@@ -110,14 +116,14 @@ class Embedder:
         self.wait_ready()
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        with self._encode_lock:
-            vectors = self._model.encode(
-                texts,
-                batch_size=batch_size or self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=progress,
-            )
+        vectors = self._encode_thread.submit(
+            self._model.encode,
+            texts,
+            batch_size=batch_size or self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=progress,
+        ).result()
         result: Vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         return result
 
