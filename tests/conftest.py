@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,7 @@ def loaded_service(service: RagService) -> RagService:
     return service
 
 
-def ask(service: RagService, query: str, **arguments: object) -> dict[str, object]:
+def ask(service: RagService, query: str, **arguments: Any) -> dict[str, Any]:
     """Run rag_basic on the 'docs' collection."""
     return service.execute(
         {"technique": "basic", "arguments": {"query": query, "collection_id": "docs", **arguments}}

@@ -42,8 +42,8 @@ def test_reingest_replaces_and_is_searchable_at_once(loaded_service: RagService)
     listed = loaded_service.list_collections({})["collections"]
     assert [(c["id"], c["document_count"], c["chunk_count"]) for c in listed] == [("docs", 3, 3)]
     top = ask(loaded_service, "glacier valleys", options={"top_k": 1})["retrieved_documents"]
-    assert top[0]["id"] == "volcano"  # type: ignore[index]
-    assert "Glaciers" in top[0]["content"]  # type: ignore[index]
+    assert top[0]["id"] == "volcano"
+    assert "Glaciers" in top[0]["content"]
 
 
 def test_get_document_with_chunks_and_unknown_ids(loaded_service: RagService) -> None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.chunking import chunk_text
@@ -17,6 +21,7 @@ from iris_rag.settings import Settings
 from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore
 
 MAX_ID_LENGTH = 256
+COLLECTION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # as common.json#/$defs/collection_id
 
 
 @dataclass
@@ -26,6 +31,7 @@ class IngestResult:
     collection_id: str
     document_ids: list[str] = field(default_factory=list)
     chunks_created: int = 0
+    embeddings_reused: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     time_ms: float = 0.0
 
@@ -36,6 +42,7 @@ class IngestResult:
             "ingested_count": len(self.document_ids),
             "document_ids": self.document_ids,
             "chunks_created": self.chunks_created,
+            "embeddings_reused": self.embeddings_reused,
             "errors": self.errors,
             "time_ms": round(self.time_ms, 3),
         }
@@ -69,6 +76,9 @@ class Ingestor:
         if overlap >= size:
             msg = f"chunk_overlap ({overlap}) must be smaller than chunk_size ({size})"
             raise InvalidParametersError(msg)
+        if not COLLECTION_ID.match(collection_id):
+            msg = f"collection id {collection_id!r} must be 1-64 letters, digits, '_', '.', '-'"
+            raise InvalidParametersError(msg)
         collection = self.store.get_collection(collection_id)
         if collection is not None:
             check_embedding_model(collection, self.settings.embedding_model)
@@ -89,9 +99,8 @@ class Ingestor:
             seen.add(doc_id)
             accepted.append((doc_id, document, chunk_text(document.content, size=size, overlap=overlap)))
 
-        # Embed every chunk of the batch in one call: batching is where the encoder's throughput comes from.
         texts = [embedding_text(doc.title, span.text) for _, doc, spans in accepted for span in spans]
-        vectors = self.embedder.encode(texts)
+        vectors, result.embeddings_reused = self._embed(texts)
 
         inputs: list[DocumentInput] = []
         row = 0
@@ -106,6 +115,20 @@ class Ingestor:
         result.document_ids = [d.id for d in inputs]
         result.time_ms = (time.perf_counter() - started) * 1000
         return result
+
+    def _embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
+        """Vectors for the texts, from the cache where the same model already embedded the same text."""
+        model = self.settings.embedding_model
+        hashes = [hashlib.sha256(text.encode("utf-8")).digest()[:16] for text in texts]
+        cached = self.store.cached_embeddings(model, list(set(hashes)))
+        missing = list({h: text for h, text in zip(hashes, texts, strict=True) if h not in cached}.items())
+        # Embed the batch's new texts in one call: batching is where the encoder's throughput comes from.
+        fresh = self.embedder.encode([text for _, text in missing])
+        self.store.cache_embeddings(model, [(h, fresh[i]) for i, (h, _) in enumerate(missing)])
+        cached.update({h: fresh[i] for i, (h, _) in enumerate(missing)})
+        dimension = self.embedder.dimension
+        vectors = np.stack([cached[h] for h in hashes]) if hashes else np.zeros((0, dimension), np.float32)
+        return vectors, len(texts) - len(missing)
 
     def _problem(self, doc_id: str, document: SourceDocument, seen: set[str]) -> tuple[str, str] | None:
         if not doc_id.strip() or len(doc_id) > MAX_ID_LENGTH:

@@ -22,6 +22,7 @@ from iris_rag.models.embedder import Embedder
 from iris_rag.models.generators import Generation, Generator, Passage
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk
+from iris_rag.stores.filters import MetadataFilter, parse_filters
 
 
 class QueryOptions(BaseModel):
@@ -35,6 +36,7 @@ class QueryOptions(BaseModel):
     include_sources: bool = True
     min_similarity: float = Field(0.0, ge=0, le=1)
     generate: bool = True
+    filters: dict[str, Any] | None = None
 
 
 class TechniqueRequest(BaseModel):
@@ -70,7 +72,6 @@ class RetrievedDocument:
             "chunk_index": chunk.index,
             "start_char": chunk.start_char,
             "end_char": chunk.end_char,
-            **({"score_details": self.details} if self.details else {}),
         }
         source = chunk.metadata.get("source")
         return {
@@ -82,6 +83,7 @@ class RetrievedDocument:
             "similarity_score": round(self.score, 6),
             "source": source if isinstance(source, str) else f"{collection_id}/{chunk.document_id}",
             "rank": rank,
+            **({"score_details": self.details} if self.details else {}),
         }
 
 
@@ -143,6 +145,7 @@ class Pipeline(ABC):
         params = self._parse_params(request.technique_params)
         collection = self.resolve_collection(request.collection_id)
         options = request.options
+        metadata_filter = parse_filters(options.filters)
 
         try:
             retrieval = self.retrieve(request.query, collection, options, params)
@@ -196,10 +199,27 @@ class Pipeline(ABC):
                 "technique_specific": retrieval.technique_specific,
             },
         }
+        if metadata_filter is not None:
+            response["metadata"]["filters"] = self._filter_report(collection.id, metadata_filter, options)
         if error is not None:
             response["error"] = error.to_dict()
             raise GenerationFailedError(error.message, {"partial_result": response})
         return response
+
+    def _filter_report(
+        self, collection_id: str, metadata_filter: MetadataFilter, options: QueryOptions
+    ) -> Any:
+        """What the filter did: how many documents passed it, and which fields no document has."""
+        store = self.context.store
+        unknown = store.unknown_fields(collection_id, metadata_filter.fields)
+        report: dict[str, Any] = {
+            "applied": options.filters,
+            "matched_documents": len(store.matching_document_ids(collection_id, metadata_filter)),
+            "unknown_fields": unknown,
+        }
+        if unknown:
+            report["note"] = f"no document has {', '.join(unknown)} in its metadata, so nothing matches"
+        return report
 
     def _parse_params(self, raw: dict[str, Any]) -> Any:
         try:

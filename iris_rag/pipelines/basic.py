@@ -6,6 +6,7 @@ from typing import Any
 
 from iris_rag.pipelines.base import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo
+from iris_rag.stores.filters import parse_filters
 
 
 class BasicPipeline(Pipeline):
@@ -19,7 +20,7 @@ class BasicPipeline(Pipeline):
         """Embed the query and take the nearest chunks."""
         store = self.context.store
         query_vector = self.context.embedder.encode_query(query)
-        hits = store.vector_search(collection.id, query_vector, options.top_k)
+        hits = store.vector_search(collection.id, query_vector, options.top_k, parse_filters(options.filters))
         chunks = store.get_chunks(collection.id, [hit.chunk_id for hit in hits])
         scores = {hit.chunk_id: hit.score for hit in hits}
         return Retrieval(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from iris_rag.pipelines.base import Pipeline
 from iris_rag.pipelines.basic import BasicPipeline
+from iris_rag.pipelines.hybrid_ifind import HybridIFindPipeline
 
 PIPELINES: dict[str, type[Pipeline]] = {
     BasicPipeline.technique: BasicPipeline,
+    HybridIFindPipeline.technique: HybridIFindPipeline,
 }

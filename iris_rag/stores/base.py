@@ -8,6 +8,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.stores.filters import MetadataFilter
+
 
 @dataclass(frozen=True, slots=True)
 class CollectionInfo:
@@ -130,12 +132,47 @@ class DocumentStore(Protocol):
 
     # Search
     def vector_search(
-        self, collection_id: str, query_vector: npt.NDArray[np.float32], top_k: int
+        self,
+        collection_id: str,
+        query_vector: npt.NDArray[np.float32],
+        top_k: int,
+        metadata_filter: MetadataFilter | None = None,
     ) -> list[ScoredChunk]:
-        """The top_k chunks by cosine similarity (exact), best first."""
+        """The top_k chunks by cosine similarity (exact), best first, among documents passing the filter."""
+
+    def vector_scores(
+        self, collection_id: str, query_vector: npt.NDArray[np.float32], chunk_ids: list[str]
+    ) -> dict[str, float]:
+        """Exact cosine similarity of the given chunks."""
+
+    def keyword_search(
+        self,
+        collection_id: str,
+        match: str,
+        top_k: int,
+        metadata_filter: MetadataFilter | None = None,
+        title_weight: float = 1.0,
+    ) -> list[ScoredChunk]:
+        """The top_k chunks by BM25 for a full-text query expression (FTS5 in SQLite, iFind in IRIS)."""
+
+    def term_document_counts(self, collection_id: str) -> dict[str, int]:
+        """The keyword index's (stemmed) terms with how many chunks hold each."""
+
+    def matching_document_ids(self, collection_id: str, metadata_filter: MetadataFilter) -> set[str]:
+        """Ids of the documents whose metadata passes the filter."""
+
+    def unknown_fields(self, collection_id: str, fields: list[str]) -> list[str]:
+        """The fields no document of the collection has in its metadata."""
 
     def chunk_count(self, collection_id: str) -> int:
         """How many chunks a search over the collection considers."""
+
+    # Embedding cache
+    def cached_embeddings(self, model: str, text_hashes: list[bytes]) -> dict[bytes, npt.NDArray[np.float32]]:
+        """The cached vectors among the given text hashes."""
+
+    def cache_embeddings(self, model: str, items: list[tuple[bytes, npt.NDArray[np.float32]]]) -> None:
+        """Remember vectors by text hash."""
 
     # Monitoring
     def record_call(self, record: CallRecord) -> None:

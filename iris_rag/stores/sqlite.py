@@ -23,10 +23,11 @@ from iris_rag.stores.base import (
     StoredChunk,
     StoredDocument,
 )
+from iris_rag.stores.filters import MetadataFilter, json_path, to_sql
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -60,7 +61,12 @@ CREATE TABLE IF NOT EXISTS chunks (
     FOREIGN KEY (collection_id, document_id) REFERENCES documents(collection_id, id) ON DELETE CASCADE
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks(collection_id, document_id);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(title, content, tokenize = 'porter unicode61');
+CREATE TABLE IF NOT EXISTS embedding_cache (
+    model     TEXT NOT NULL,
+    text_hash BLOB NOT NULL,
+    vector    BLOB NOT NULL,
+    PRIMARY KEY (model, text_hash)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS calls (
     ts          REAL NOT NULL,
     tool        TEXT NOT NULL,
@@ -73,6 +79,27 @@ CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts);
 """
 
 
+def fts_table(collection_id: str) -> str:
+    """The collection's own FTS5 table (quoted): BM25 statistics are per collection, as users expect."""
+    return '"fts_' + collection_id.replace('"', '""') + '"'
+
+
+def vocabulary_table(collection_id: str) -> str:
+    """The fts5vocab view of the collection's terms (stemmed) and their document counts."""
+    return '"vocab_' + collection_id.replace('"', '""') + '"'
+
+
+def _create_fts(connection: sqlite3.Connection, collection_id: str) -> None:
+    connection.execute(
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS {fts_table(collection_id)} "
+        "USING fts5(title, content, tokenize = 'porter unicode61')"
+    )
+    connection.execute(
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS {vocabulary_table(collection_id)} "
+        f"USING fts5vocab({fts_table(collection_id)}, 'row')"
+    )
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
@@ -83,7 +110,9 @@ class _VectorIndex:
 
     generation: int
     chunk_ids: list[str]
+    document_ids: list[str]
     matrix: npt.NDArray[np.float32]
+    row_of: dict[str, int]
 
 
 class SqliteStore:
@@ -102,8 +131,29 @@ class SqliteStore:
         self._indexes: dict[str, _VectorIndex] = {}
         self._generations: dict[str, int] = {}
         with self._write_lock:
-            self._connection().executescript(_SCHEMA)
-            self._connection().execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            connection = self._connection()
+            connection.executescript(_SCHEMA)
+            self._migrate(connection)
+            connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _migrate(self, connection: sqlite3.Connection) -> None:
+        """Version 1 kept one FTS table for every collection; move its rows into per-collection tables."""
+        legacy = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'chunks_fts'").fetchone()
+        if legacy is None:
+            return
+        connection.execute("BEGIN IMMEDIATE")
+        for (collection_id,) in connection.execute("SELECT id FROM collections").fetchall():
+            _create_fts(connection, collection_id)
+            connection.execute(
+                f"""INSERT INTO {fts_table(collection_id)} (rowid, title, content)
+                    SELECT k.rowid, d.title, k.content FROM chunks k
+                    JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
+                    WHERE k.collection_id = ?""",
+                (collection_id,),
+            )
+        connection.execute("DROP TABLE chunks_fts")
+        connection.execute("COMMIT")
+        logger.info("migrated the keyword index to one FTS5 table per collection")
 
     # Connections: one per thread, so concurrent readers never share a cursor (WAL lets them run together).
     def _connection(self) -> sqlite3.Connection:
@@ -150,10 +200,14 @@ class SqliteStore:
         """Create the collection if absent and return it."""
         now = _now()
         with self._write_lock:
-            self._connection().execute(
+            connection = self._connection()
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(
                 "INSERT OR IGNORE INTO collections VALUES (?, ?, ?, ?, ?)",
                 (collection_id, embedding_model, dimension, now, now),
             )
+            _create_fts(connection, collection_id)
+            connection.execute("COMMIT")
         info = self.get_collection(collection_id)
         assert info is not None
         return info
@@ -221,15 +275,15 @@ class SqliteStore:
             ),
         )
         connection.execute(
-            "INSERT INTO chunks_fts (rowid, title, content) VALUES (?, ?, ?)",
+            f"INSERT INTO {fts_table(collection_id)} (rowid, title, content) VALUES (?, ?, ?)",
             (cursor.lastrowid, document.title, chunk.content),
         )
 
     @staticmethod
     def _delete_document_rows(connection: sqlite3.Connection, collection_id: str, document_id: str) -> int:
         connection.execute(
-            """DELETE FROM chunks_fts WHERE rowid IN
-               (SELECT rowid FROM chunks WHERE collection_id = ? AND document_id = ?)""",
+            f"""DELETE FROM {fts_table(collection_id)} WHERE rowid IN
+                (SELECT rowid FROM chunks WHERE collection_id = ? AND document_id = ?)""",
             (collection_id, document_id),
         )
         connection.execute(
@@ -247,6 +301,9 @@ class SqliteStore:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 deleted = self._delete_document_rows(connection, collection_id, document_id)
+                connection.execute(
+                    "UPDATE collections SET updated_at = ? WHERE id = ?", (_now(), collection_id)
+                )
                 connection.execute("COMMIT")
             except BaseException:
                 connection.execute("ROLLBACK")
@@ -319,7 +376,8 @@ class SqliteStore:
             rows = (
                 self._connection()
                 .execute(
-                    "SELECT chunk_id, embedding FROM chunks WHERE collection_id = ? ORDER BY rowid",
+                    "SELECT chunk_id, document_id, embedding FROM chunks "
+                    "WHERE collection_id = ? ORDER BY rowid",
                     (collection_id,),
                 )
                 .fetchall()
@@ -329,20 +387,142 @@ class SqliteStore:
                 matrix = matrix.reshape(len(rows), -1)
             else:
                 matrix = np.zeros((0, 0), dtype=np.float32)
-            index = _VectorIndex(generation, [row["chunk_id"] for row in rows], matrix)
+            chunk_ids = [row["chunk_id"] for row in rows]
+            index = _VectorIndex(
+                generation,
+                chunk_ids,
+                [row["document_id"] for row in rows],
+                matrix,
+                {chunk_id: i for i, chunk_id in enumerate(chunk_ids)},
+            )
             self._indexes[collection_id] = index
             return index
 
     def vector_search(
-        self, collection_id: str, query_vector: npt.NDArray[np.float32], top_k: int
+        self,
+        collection_id: str,
+        query_vector: npt.NDArray[np.float32],
+        top_k: int,
+        metadata_filter: MetadataFilter | None = None,
     ) -> list[ScoredChunk]:
         """Exact cosine top_k: vectors are unit length, so a dot product is the cosine."""
         index = self._vector_index(collection_id)
         if not index.chunk_ids:
             return []
         scores = index.matrix @ query_vector.astype(np.float32)
+        if metadata_filter is not None:
+            # Filter before ranking, so top_k results come back whenever enough documents match.
+            allowed = self.matching_document_ids(collection_id, metadata_filter)
+            mask = np.fromiter((d in allowed for d in index.document_ids), dtype=bool, count=len(scores))
+            scores = np.where(mask, scores, -np.inf).astype(np.float32)
+            top_k = min(top_k, int(mask.sum()))
         top = _top_k_indices(scores, top_k)
         return [ScoredChunk(index.chunk_ids[i], float(scores[i])) for i in top]
+
+    def vector_scores(
+        self, collection_id: str, query_vector: npt.NDArray[np.float32], chunk_ids: list[str]
+    ) -> dict[str, float]:
+        """Exact cosine similarity of the given chunks (unknown ids are left out)."""
+        index = self._vector_index(collection_id)
+        rows = [index.row_of[c] for c in chunk_ids if c in index.row_of]
+        if not rows:
+            return {}
+        scores = index.matrix[rows] @ query_vector.astype(np.float32)
+        return {index.chunk_ids[row]: float(score) for row, score in zip(rows, scores, strict=True)}
+
+    def keyword_search(
+        self,
+        collection_id: str,
+        match: str,
+        top_k: int,
+        metadata_filter: MetadataFilter | None = None,
+        title_weight: float = 1.0,
+    ) -> list[ScoredChunk]:
+        """BM25 over the collection's FTS5 index (title and content columns); higher scores are better.
+
+        `match` is an FTS5 query expression, built by the caller from quoted terms.
+        """
+        table = fts_table(collection_id)
+        where, parameters = "", list[Any]()
+        if metadata_filter is not None:
+            where, parameters = to_sql(metadata_filter)
+            where = f"AND {where}"
+        rows = (
+            self._connection()
+            .execute(
+                f"""SELECT k.chunk_id, bm25({table}, ?, 1.0) AS rank
+                FROM {table} JOIN chunks k ON k.rowid = {table}.rowid
+                JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
+                WHERE {table} MATCH ? {where}
+                ORDER BY rank LIMIT ?""",
+                (title_weight, match, *parameters, top_k),
+            )
+            .fetchall()
+        )
+        # FTS5's bm25() is negated so that ascending order is best first.
+        return [ScoredChunk(row["chunk_id"], -float(row["rank"])) for row in rows]
+
+    def term_document_counts(self, collection_id: str) -> dict[str, int]:
+        """Every (stemmed) term of the collection's keyword index with the number of chunks holding it."""
+        rows = (
+            self._connection().execute(f"SELECT term, doc FROM {vocabulary_table(collection_id)}").fetchall()
+        )
+        return {row["term"]: row["doc"] for row in rows}
+
+    def matching_document_ids(self, collection_id: str, metadata_filter: MetadataFilter) -> set[str]:
+        """Ids of the collection's documents whose metadata passes the filter."""
+        where, parameters = to_sql(metadata_filter)
+        rows = (
+            self._connection()
+            .execute(
+                f"SELECT d.id FROM documents d WHERE d.collection_id = ? AND {where}",
+                (collection_id, *parameters),
+            )
+            .fetchall()
+        )
+        return {row["id"] for row in rows}
+
+    def unknown_fields(self, collection_id: str, fields: list[str]) -> list[str]:
+        """The fields that no document of the collection has in its metadata."""
+        connection = self._connection()
+        return [
+            field
+            for field in fields
+            if connection.execute(
+                "SELECT 1 FROM documents "
+                "WHERE collection_id = ? AND json_type(metadata, ?) IS NOT NULL LIMIT 1",
+                (collection_id, json_path(field)),
+            ).fetchone()
+            is None
+        ]
+
+    # Embedding cache: unchanged text is never embedded twice (ingest and eval alike).
+    def cached_embeddings(self, model: str, text_hashes: list[bytes]) -> dict[bytes, npt.NDArray[np.float32]]:
+        """The cached vectors among the given text hashes."""
+        found: dict[bytes, npt.NDArray[np.float32]] = {}
+        connection = self._connection()
+        for start in range(0, len(text_hashes), 500):
+            batch = text_hashes[start : start + 500]
+            rows = connection.execute(
+                "SELECT text_hash, vector FROM embedding_cache WHERE model = ? "
+                f"AND text_hash IN ({','.join('?' * len(batch))})",
+                (model, *batch),
+            ).fetchall()
+            found.update({row["text_hash"]: np.frombuffer(row["vector"], dtype=np.float32) for row in rows})
+        return found
+
+    def cache_embeddings(self, model: str, items: list[tuple[bytes, npt.NDArray[np.float32]]]) -> None:
+        """Remember vectors by text hash."""
+        if not items:
+            return
+        with self._write_lock:
+            self._connection().executemany(
+                "INSERT OR REPLACE INTO embedding_cache VALUES (?, ?, ?)",
+                [
+                    (model, text_hash, np.ascontiguousarray(v, dtype=np.float32).tobytes())
+                    for text_hash, v in items
+                ],
+            )
 
     def chunk_count(self, collection_id: str) -> int:
         """How many chunks a search over the collection considers."""

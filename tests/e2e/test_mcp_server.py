@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 EXPECTED_TOOLS = {
     "rag_basic",
+    "rag_hybrid_ifind",
     "rag_ingest",
     "rag_list_collections",
     "rag_get_document",
@@ -40,6 +41,13 @@ DOCUMENTS = [
         "content": "Python is a programming language known for its readable syntax.",
     },
 ]
+# Every technique the server serves, each checked end to end below.
+TECHNIQUE_TOOLS = {
+    name
+    for name in EXPECTED_TOOLS
+    if name
+    not in {"rag_ingest", "rag_list_collections", "rag_get_document", "rag_health_check", "rag_metrics"}
+}
 CALL_TIMEOUT_S = 120  # the first ingest also loads the embedding model
 
 
@@ -71,7 +79,7 @@ async def call(
     return result, json.loads(content.text)
 
 
-async def test_lists_the_six_tools_with_their_schemas(session: ClientSession) -> None:
+async def test_lists_every_tool_with_its_schemas(session: ClientSession) -> None:
     tools = {tool.name: tool for tool in (await session.list_tools()).tools}
     assert set(tools) == EXPECTED_TOOLS
     for tool in tools.values():
@@ -102,6 +110,20 @@ async def test_ingests_then_answers_from_the_ingested_documents(session: ClientS
     assert {doc["id"] for doc in retrieved} <= {doc["id"] for doc in DOCUMENTS}
     assert retrieved[0]["id"] == "seine"
     assert answer["metadata"]["collection_id"] == "e2e"
+
+
+@pytest.mark.parametrize("tool", sorted(TECHNIQUE_TOOLS))
+async def test_every_technique_answers_through_mcp(session: ClientSession, tool: str) -> None:
+    await call(session, "rag_ingest", {"collection_id": "e2e", "documents": DOCUMENTS})
+    arguments = {"query": "Which river flows through Paris?", "collection_id": "e2e", "options": {"top_k": 2}}
+    result, answer = await call(session, tool, arguments)
+    assert not result.isError, answer
+    assert result.structuredContent == answer
+    assert answer["technique"] == tool.removeprefix("rag_")
+    assert answer["retrieved_documents"][0]["id"] == "seine"
+    assert "[1]" in answer["answer"]
+    evidence, body = await call(session, tool, {**arguments, "options": {"generate": False}})
+    assert not evidence.isError and body["answer"] is None
 
 
 async def test_invalid_arguments_are_rejected_with_invalid_parameters(session: ClientSession) -> None:

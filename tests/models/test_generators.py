@@ -79,8 +79,8 @@ def test_llm_answer_through_the_pipeline(
     service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
     result = ask(service, "aspirin and heart attacks", options={"temperature": 1.5, "max_tokens": 9})
     assert result["answer"] == fake_llm.reply
-    assert result["metadata"]["answer_source"] == "llm"  # type: ignore[index]
-    assert result["metadata"]["model_info"]["llm_model"] == "fake-model"  # type: ignore[index]
+    assert result["metadata"]["answer_source"] == "llm"
+    assert result["metadata"]["model_info"]["llm_model"] == "fake-model"
     assert fake_llm.requests[-1]["body"]["temperature"] == 1.5
     assert fake_llm.requests[-1]["body"]["max_tokens"] == 9
 

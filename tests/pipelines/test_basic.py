@@ -40,17 +40,17 @@ def test_response_shape_and_measured_times(loaded_service: RagService) -> None:
         "embedding_model": "sentence-transformers/all-MiniLM-L6-v2",
         "llm_model": "extractive",
     }
-    document = result["retrieved_documents"][0]  # type: ignore[index]
+    document = result["retrieved_documents"][0]
     assert document["metadata"]["topic"] == "cardiology"
     assert document["source"] == "docs/aspirin"
     assert document["chunk_id"] == "aspirin#0"
 
 
 def test_top_k_min_similarity_include_sources_and_generate(loaded_service: RagService) -> None:
-    assert len(ask(loaded_service, "aspirin", options={"top_k": 1})["retrieved_documents"]) == 1  # type: ignore[arg-type]
-    assert len(ask(loaded_service, "aspirin", options={"top_k": 3})["retrieved_documents"]) == 3  # type: ignore[arg-type]
+    assert len(ask(loaded_service, "aspirin", options={"top_k": 1})["retrieved_documents"]) == 1
+    assert len(ask(loaded_service, "aspirin", options={"top_k": 3})["retrieved_documents"]) == 3
     strict = ask(loaded_service, "aspirin heart attack", options={"top_k": 3, "min_similarity": 0.4})
-    assert [d["id"] for d in strict["retrieved_documents"]] == ["aspirin"]  # type: ignore[attr-defined]
+    assert [d["id"] for d in strict["retrieved_documents"]] == ["aspirin"]
     nothing = ask(loaded_service, "aspirin", options={"min_similarity": 0.99})
     assert nothing["retrieved_documents"] == []
     assert "Nothing relevant was found" in str(nothing["answer"])
@@ -58,7 +58,7 @@ def test_top_k_min_similarity_include_sources_and_generate(loaded_service: RagSe
     assert hidden["retrieved_documents"] == [] and "[1]" in str(hidden["answer"])
     evidence = ask(loaded_service, "aspirin", options={"generate": False})
     assert evidence["answer"] is None
-    assert evidence["metadata"]["answer_source"] == "none"  # type: ignore[index]
+    assert evidence["metadata"]["answer_source"] == "none"
     assert evidence["retrieved_documents"]
 
 

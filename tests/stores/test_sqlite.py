@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput
-from iris_rag.stores.sqlite import SqliteStore
+from iris_rag.stores.sqlite import SqliteStore, fts_table
 
 DIM = 8
 
@@ -29,7 +29,7 @@ def store(tmp_path: Path) -> SqliteStore:
 
 
 def _fts_rows(store: SqliteStore) -> int:
-    return int(store._connection().execute("SELECT COUNT(*) FROM chunks_fts").fetchone()[0])
+    return int(store._connection().execute(f"SELECT COUNT(*) FROM {fts_table('c')}").fetchone()[0])
 
 
 def test_reingest_replaces_without_duplicates(store: SqliteStore) -> None:

@@ -1,0 +1,125 @@
+"""Rank fusion of a dense and a keyword ranking: pure functions over scores, unit-testable on their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FusedScore:
+    """One candidate's score breakdown, so a user can see why it ranked where it did."""
+
+    chunk_id: str
+    dense_score: float | None
+    keyword_score: float | None
+    dense_norm: float
+    keyword_norm: float
+    dense_rank: int | None
+    keyword_rank: int | None
+    fused_score: float
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """The wire form."""
+        return {
+            "dense_score": _round(self.dense_score),
+            "keyword_score": _round(self.keyword_score),
+            "dense_norm": round(self.dense_norm, 6),
+            "keyword_norm": round(self.keyword_norm, 6),
+            "dense_rank": self.dense_rank,
+            "keyword_rank": self.keyword_rank,
+            "fused_score": round(self.fused_score, 6),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+def _ranks(ranking: list[str]) -> dict[str, int]:
+    return {chunk_id: rank for rank, chunk_id in enumerate(ranking, start=1)}
+
+
+def min_max(scores: dict[str, float]) -> dict[str, float]:
+    """Scale to [0, 1]; all-equal scores become 1 (they are equally the best)."""
+    if not scores:
+        return {}
+    low, high = min(scores.values()), max(scores.values())
+    if high == low:
+        return dict.fromkeys(scores, 1.0)
+    return {key: (value - low) / (high - low) for key, value in scores.items()}
+
+
+def weighted_fusion(
+    dense: dict[str, float],
+    keyword: dict[str, float],
+    dense_ranking: list[str],
+    keyword_ranking: list[str],
+    *,
+    vector_weight: float,
+    keyword_weight: float,
+) -> list[FusedScore]:
+    """vector_weight * dense_norm + keyword_weight * keyword_norm, best first.
+
+    dense holds the cosine of every candidate (exact, whichever leg found it), min-max scaled over the
+    candidates. BM25 has a natural zero (no query term), so keyword scores are divided by the best one;
+    a candidate the keyword leg did not return counts 0 there.
+    """
+    dense_norm = min_max(dense)
+    best_keyword = max(keyword.values(), default=0.0)
+    dense_ranks, keyword_ranks = _ranks(dense_ranking), _ranks(keyword_ranking)
+    fused = []
+    for chunk_id in dense.keys() | keyword.keys():
+        d_norm = dense_norm.get(chunk_id, 0.0)
+        k_norm = keyword.get(chunk_id, 0.0) / best_keyword if best_keyword > 0 else 0.0
+        fused.append(
+            FusedScore(
+                chunk_id,
+                dense.get(chunk_id),
+                keyword.get(chunk_id),
+                d_norm,
+                k_norm,
+                dense_ranks.get(chunk_id),
+                keyword_ranks.get(chunk_id),
+                vector_weight * d_norm + keyword_weight * k_norm,
+            )
+        )
+    return sorted(fused, key=lambda f: (-f.fused_score, f.chunk_id))
+
+
+def reciprocal_rank_fusion(
+    dense: dict[str, float],
+    keyword: dict[str, float],
+    dense_ranking: list[str],
+    keyword_ranking: list[str],
+    *,
+    vector_weight: float,
+    keyword_weight: float,
+    k: int = 60,
+) -> list[FusedScore]:
+    """Weighted RRF: vector_weight / (k + dense_rank) + keyword_weight / (k + keyword_rank), best first.
+
+    With equal weights this is the classic RRF of Cormack et al. (2009); a leg that did not return a
+    candidate adds nothing for it.
+    """
+    dense_norm = min_max(dense)
+    best_keyword = max(keyword.values(), default=0.0)
+    dense_ranks, keyword_ranks = _ranks(dense_ranking), _ranks(keyword_ranking)
+    fused = []
+    for chunk_id in dense.keys() | keyword.keys():
+        d_rank, k_rank = dense_ranks.get(chunk_id), keyword_ranks.get(chunk_id)
+        score = (vector_weight / (k + d_rank) if d_rank else 0.0) + (
+            keyword_weight / (k + k_rank) if k_rank else 0.0
+        )
+        fused.append(
+            FusedScore(
+                chunk_id,
+                dense.get(chunk_id),
+                keyword.get(chunk_id),
+                dense_norm.get(chunk_id, 0.0),
+                keyword.get(chunk_id, 0.0) / best_keyword if best_keyword > 0 else 0.0,
+                d_rank,
+                k_rank,
+                score,
+            )
+        )
+    return sorted(fused, key=lambda f: (-f.fused_score, f.chunk_id))

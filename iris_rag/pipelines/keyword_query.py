@@ -1,0 +1,77 @@
+"""Turning free text into a safe full-text query, with optional fuzzy repair of misspelled terms."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import snowballstemmer
+from rapidfuzz import fuzz, process
+
+_TERM = re.compile(r"\w+", re.UNICODE)
+_PORTER = snowballstemmer.stemmer("porter")
+# Function words carry no evidence and make every OR query scan most of the index.
+STOPWORDS = frozenset(
+    (
+        "a an and are as at be been being but by can could did do does for from had has have how i if in "
+        "into is it its of on or our so such than that the their them then there these they this those to "
+        "was we were what when where which while who whom why will with would you your"
+    ).split()
+)
+
+
+def query_terms(text: str) -> list[str]:
+    """The distinct lowercase terms of a query, stopwords removed, in order."""
+    terms = [t for t in _TERM.findall(text.lower()) if t not in STOPWORDS]
+    return list(dict.fromkeys(terms))
+
+
+def match_expression(terms: list[str]) -> str:
+    """An FTS5 expression that matches any term; each term is quoted, so no query text is ever syntax."""
+    return " OR ".join('"' + term.replace('"', "") + '"' for term in terms)
+
+
+@dataclass
+class FuzzyRepair:
+    """Which query terms had no match in the index, and the indexed terms used in their place."""
+
+    expansions: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def extra_terms(self) -> list[str]:
+        """Every replacement term, in order, without repeats."""
+        return list(dict.fromkeys(t for ts in self.expansions.values() for t in ts))
+
+
+def stem(term: str) -> str:
+    """The Porter stem, as FTS5's porter tokenizer stores the term."""
+    return str(_PORTER.stemWord(term))
+
+
+def unknown_terms(terms: list[str], vocabulary: dict[str, int]) -> list[str]:
+    """The terms whose stem the index does not hold."""
+    return [t for t in terms if stem(t) not in vocabulary]
+
+
+def repair_terms(
+    unknown: list[str], vocabulary: dict[str, int], *, limit: int = 2, min_similarity: float = 80.0
+) -> FuzzyRepair:
+    """For each term the index does not know, the closest indexed terms (at most `limit`, not flooding).
+
+    Indexed terms are Porter stems ("diabetes" is stored as "diabet"), so the misspelling is stemmed too
+    ("diabtes" -> "diabt") and compared by normalized edit similarity; among equally close terms the more
+    frequent wins. Short terms are left alone: at three letters every neighbour is a different word.
+    """
+    repair = FuzzyRepair()
+    candidates = list(vocabulary)
+    for term in unknown:
+        if len(term) < 4 or term.isdigit():
+            continue
+        matches = process.extract(
+            stem(term), candidates, scorer=fuzz.ratio, score_cutoff=min_similarity, limit=10
+        )
+        ranked = sorted(matches, key=lambda m: (-m[1], -vocabulary[m[0]]))
+        chosen = [m[0] for m in ranked if len(m[0]) >= 3][:limit]
+        if chosen:
+            repair.expansions[term] = chosen
+    return repair
