@@ -46,13 +46,16 @@ class RagService:
         self.embedder = embedder
         self.generator = create_generator(settings)
         self.monitor = Monitor(self.store)
-        self.ingestor = Ingestor(settings, self.store, self.embedder)
         context = PipelineContext(settings, self.store, self.embedder, self.generator)
         # Only techniques that have both a pipeline and a tool schema are served: no placeholder tools.
         self._tool_by_technique = technique_tools()
         self.pipelines = {
             name: cls(context) for name, cls in PIPELINES.items() if name in self._tool_by_technique
         }
+        indexes = [i for p in self.pipelines.values() if (i := p.technique_index()) is not None]
+        for index in indexes:
+            self.store.register_index(index)
+        self.ingestor = Ingestor(settings, self.store, self.embedder, indexes)
 
     def close(self) -> None:
         """Store the last call records, then release the store."""

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.errors import InvalidParametersError
+from iris_rag.indexes.base import TechniqueIndex
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.models.embedder import Embedder
@@ -56,10 +57,17 @@ def embedding_text(title: str, chunk: str) -> str:
 class Ingestor:
     """Turns source documents into stored, searchable chunks."""
 
-    def __init__(self, settings: Settings, store: DocumentStore, embedder: Embedder) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: DocumentStore,
+        embedder: Embedder,
+        technique_indexes: list[TechniqueIndex] | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.embedder = embedder
+        self.technique_indexes = technique_indexes or []
 
     def ingest(
         self,
@@ -111,7 +119,9 @@ class Ingestor:
             ]
             row += len(spans)
             inputs.append(DocumentInput(doc_id, doc.title, doc.content, dict(doc.metadata), chunks))
-        result.chunks_created = self.store.upsert_documents(collection_id, inputs) if inputs else 0
+        # Technique indexes do their heavy work here, outside the store's transaction.
+        prepared = {index.name: index.prepare(collection_id, inputs) for index in self.technique_indexes}
+        result.chunks_created = self.store.upsert_documents(collection_id, inputs, prepared) if inputs else 0
         result.document_ids = [d.id for d in inputs]
         result.time_ms = (time.perf_counter() - started) * 1000
         return result

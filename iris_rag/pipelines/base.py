@@ -18,6 +18,7 @@ from iris_rag.errors import (
     RagError,
     RetrievalFailedError,
 )
+from iris_rag.indexes.base import TechniqueIndex
 from iris_rag.models.embedder import Embedder
 from iris_rag.models.generators import Generation, Generator, Passage
 from iris_rag.settings import Settings
@@ -114,6 +115,10 @@ class Pipeline(ABC):
 
     def __init__(self, context: PipelineContext) -> None:
         self.context = context
+
+    def technique_index(self) -> TechniqueIndex | None:
+        """The index this technique builds at ingest, if it needs one (built once, at worker start)."""
+        return None
 
     @abstractmethod
     def retrieve(

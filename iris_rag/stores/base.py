@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from iris_rag.stores.filters import MetadataFilter
+
+if TYPE_CHECKING:
+    from iris_rag.indexes.base import TechniqueIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +119,16 @@ class DocumentStore(Protocol):
         """Every collection with counts."""
 
     # Documents
-    def upsert_documents(self, collection_id: str, documents: list[DocumentInput]) -> int:
-        """Insert or replace documents and their chunks in one transaction; return the chunk count written."""
+    def upsert_documents(
+        self, collection_id: str, documents: list[DocumentInput], prepared: dict[str, Any] | None = None
+    ) -> int:
+        """Insert or replace documents, chunks and technique-index rows in one transaction; count chunks."""
+
+    def register_index(self, index: TechniqueIndex) -> None:
+        """Keep a technique's index in step with every later upsert and delete."""
+
+    def connection(self) -> sqlite3.Connection:
+        """The calling thread's connection, for technique indexes to query their own tables."""
 
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document and its chunks; False if it was absent."""

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from iris_rag.indexes.base import TechniqueIndex
 from iris_rag.stores.base import (
     CallRecord,
     ChunkInput,
@@ -130,6 +131,7 @@ class SqliteStore:
         self._index_lock = threading.Lock()
         self._indexes: dict[str, _VectorIndex] = {}
         self._generations: dict[str, int] = {}
+        self._technique_indexes: list[TechniqueIndex] = []
         with self._write_lock:
             connection = self._connection()
             connection.executescript(_SCHEMA)
@@ -170,6 +172,16 @@ class SqliteStore:
             with self._connections_lock:
                 self._connections.append(connection)
         return connection
+
+    def register_index(self, index: TechniqueIndex) -> None:
+        """Keep a technique's index in step with every later upsert and delete."""
+        with self._write_lock:
+            index.create_tables(self._connection())
+            self._technique_indexes.append(index)
+
+    def connection(self) -> sqlite3.Connection:
+        """The calling thread's connection, for technique indexes to query their own tables."""
+        return self._connection()
 
     def ping(self) -> None:
         """Run a trivial query."""
@@ -218,8 +230,13 @@ class SqliteStore:
         return [_collection(row) for row in rows]
 
     # Documents
-    def upsert_documents(self, collection_id: str, documents: list[DocumentInput]) -> int:
-        """Insert or replace documents and their chunks in one transaction."""
+    def upsert_documents(
+        self, collection_id: str, documents: list[DocumentInput], prepared: dict[str, Any] | None = None
+    ) -> int:
+        """Insert or replace documents, their chunks and their technique-index rows in one transaction.
+
+        prepared maps a technique index's name to what its prepare() computed for these documents.
+        """
         now = _now()
         written = 0
         with self._write_lock:
@@ -247,6 +264,9 @@ class SqliteStore:
                     for chunk in document.chunks:
                         self._insert_chunk(connection, collection_id, document, chunk)
                     written += len(document.chunks)
+                for index in self._technique_indexes:
+                    if prepared is not None and index.name in prepared:
+                        index.write(connection, collection_id, documents, prepared[index.name])
                 connection.execute("UPDATE collections SET updated_at = ? WHERE id = ?", (now, collection_id))
                 connection.execute("COMMIT")
             except BaseException:
@@ -279,8 +299,11 @@ class SqliteStore:
             (cursor.lastrowid, document.title, chunk.content),
         )
 
-    @staticmethod
-    def _delete_document_rows(connection: sqlite3.Connection, collection_id: str, document_id: str) -> int:
+    def _delete_document_rows(
+        self, connection: sqlite3.Connection, collection_id: str, document_id: str
+    ) -> int:
+        for index in self._technique_indexes:
+            index.delete(connection, collection_id, document_id)
         connection.execute(
             f"""DELETE FROM {fts_table(collection_id)} WHERE rowid IN
                 (SELECT rowid FROM chunks WHERE collection_id = ? AND document_id = ?)""",
@@ -581,6 +604,7 @@ class SqliteStore:
             "chunks": counts["chunks"],
             "vector_indexes_loaded": loaded,
             "vector_memory_bytes": vector_bytes,
+            "technique_indexes": {index.name: index.stats(connection) for index in self._technique_indexes},
         }
 
 

@@ -13,17 +13,12 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, TextContent
 
+from iris_rag.schemas import tool_specs
+
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-EXPECTED_TOOLS = {
-    "rag_basic",
-    "rag_hybrid_ifind",
-    "rag_ingest",
-    "rag_list_collections",
-    "rag_get_document",
-    "rag_health_check",
-    "rag_metrics",
-}
+# The server must list exactly the tools the schema files define (the one source of truth).
+EXPECTED_TOOLS = {spec["name"] for spec in tool_specs()}
 DOCUMENTS = [
     {
         "id": "seine",
@@ -42,12 +37,7 @@ DOCUMENTS = [
     },
 ]
 # Every technique the server serves, each checked end to end below.
-TECHNIQUE_TOOLS = {
-    name
-    for name in EXPECTED_TOOLS
-    if name
-    not in {"rag_ingest", "rag_list_collections", "rag_get_document", "rag_health_check", "rag_metrics"}
-}
+TECHNIQUE_TOOLS = {spec["name"] for spec in tool_specs() if "technique" in spec["bridge"]}
 CALL_TIMEOUT_S = 120  # the first ingest also loads the embedding model
 
 

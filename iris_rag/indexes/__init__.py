@@ -1,0 +1,1 @@
+"""Technique indexes: data a technique builds from documents at ingest (token vectors, node trees, graphs)."""
