@@ -93,3 +93,9 @@ class TimeoutExceededError(RagError):
     """The request ran past its time limit."""
 
     code = "TIMEOUT_EXCEEDED"
+
+
+class IndexNotBuiltError(RagError):
+    """The collection was ingested before a technique's index existed; `iris-rag reindex` builds it."""
+
+    code = "INDEX_NOT_BUILT"

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from iris_rag import __version__
-from iris_rag.errors import DocumentNotFoundError, PipelineNotFoundError
-from iris_rag.ingestion.ingestor import Ingestor
+from iris_rag.errors import CollectionNotFoundError, DocumentNotFoundError, PipelineNotFoundError
+from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.models.embedder import Embedder
 from iris_rag.models.generators import create_generator
@@ -49,6 +49,11 @@ class RagService:
         context = PipelineContext(settings, self.store, self.embedder, self.generator)
         # Only techniques that have both a pipeline and a tool schema are served: no placeholder tools.
         self._tool_by_technique = technique_tools()
+        self._tool_by_method = {
+            spec["bridge"]["method"]: spec["name"]
+            for spec in tool_specs()
+            if "technique" not in spec["bridge"]
+        }
         self.pipelines = {
             name: cls(context) for name, cls in PIPELINES.items() if name in self._tool_by_technique
         }
@@ -74,7 +79,56 @@ class RagService:
             technique = params.get("technique")
             name = technique if isinstance(technique, str) else None
             return self._tool_by_technique.get(name or "", f"rag_{name}"), name
-        return f"rag_{method}", None
+        return self._tool_by_method.get(method, f"rag_{method}"), None
+
+    def methods(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Every bridge method that backs a tool, the techniques' own included."""
+        methods: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "execute": self.execute,
+            "ingest": self.ingest,
+            "list_collections": self.list_collections,
+            "get_document": self.get_document,
+            "health_check": self.health_check,
+            "metrics": self.metrics,
+        }
+        for pipeline in self.pipelines.values():
+            methods.update(pipeline.extra_methods())
+        return methods
+
+    def reindex(self, collection_id: str, *, batch_size: int = 256) -> dict[str, Any]:
+        """Re-ingest a collection's stored documents, rebuilding chunks, keyword rows and technique indexes.
+
+        The embedding cache holds every chunk's vector already, so nothing is embedded again.
+        """
+        collection = self.store.get_collection(collection_id)
+        if collection is None:
+            msg = f"collection {collection_id!r} does not exist"
+            raise CollectionNotFoundError(msg)
+        document_ids = self.store.document_ids(collection_id)
+        total = IngestTotals()
+        for start in range(0, len(document_ids), batch_size):
+            batch = [
+                self.store.get_document(collection_id, d) for d in document_ids[start : start + batch_size]
+            ]
+            sources = [SourceDocument(d.id, d.content, d.title, d.metadata) for d in batch if d is not None]
+            total.add(self.ingestor.ingest(collection_id, sources))
+        return total.to_dict(collection_id)
+
+    def stale_indexes(self, collection_id: str) -> list[str]:
+        """The techniques whose index does not cover every document of the collection."""
+        collection = self.store.get_collection(collection_id)
+        if collection is None:
+            return []
+        stale = []
+        for name, pipeline in self.pipelines.items():
+            index = pipeline.technique_index()
+            if (
+                index
+                and index.indexed_documents(self.store.connection(), collection_id)
+                < collection.document_count
+            ):
+                stale.append(name)
+        return stale
 
     def execute(self, params: dict[str, Any]) -> dict[str, Any]:
         """Run a technique: params are {technique, arguments}."""

@@ -70,3 +70,11 @@ def test_health_reports_every_component(loaded_service: RagService) -> None:
     assert health["components"]["embedding_service"]["details"]["dimension"] == 384
     assert health["components"]["vector_store"]["details"]["chunks"] == 3
     assert "details" not in loaded_service.health_check({})["components"]["database"]
+
+
+def test_reindex_rebuilds_without_re_embedding(loaded_service: RagService) -> None:
+    summary = loaded_service.reindex("docs")
+    assert summary["documents"] == 3
+    assert summary["embeddings_reused"] == summary["chunks"] == 3
+    assert loaded_service.stale_indexes("docs") == []
+    assert [d["id"] for d in ask(loaded_service, "lava")["retrieved_documents"]][0] == "volcano"

@@ -38,3 +38,6 @@ class TechniqueIndex(Protocol):
 
     def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
         """Sizes and counts for health details."""
+
+    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+        """How many of the collection's documents this index holds (fewer than stored: it needs a reindex)."""

@@ -49,6 +49,33 @@ class IngestResult:
         }
 
 
+@dataclass
+class IngestTotals:
+    """Running totals over several ingest calls (the CLI and reindex ingest in batches)."""
+
+    documents: int = 0
+    chunks: int = 0
+    embeddings_reused: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, result: IngestResult) -> None:
+        """Count one call's result."""
+        self.documents += len(result.document_ids)
+        self.chunks += result.chunks_created
+        self.embeddings_reused += result.embeddings_reused
+        self.errors.extend(result.errors)
+
+    def to_dict(self, collection_id: str) -> dict[str, Any]:
+        """A summary."""
+        return {
+            "collection_id": collection_id,
+            "documents": self.documents,
+            "chunks": self.chunks,
+            "embeddings_reused": self.embeddings_reused,
+            "errors": self.errors,
+        }
+
+
 def embedding_text(title: str, chunk: str) -> str:
     """What is embedded for a chunk: its document's title gives it context (as BEIR encodes title + text)."""
     return f"{title}\n{chunk}" if title else chunk

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -14,6 +15,7 @@ from iris_rag.errors import (
     CollectionNotFoundError,
     EmbeddingMismatchError,
     GenerationFailedError,
+    IndexNotBuiltError,
     InvalidParametersError,
     RagError,
     RetrievalFailedError,
@@ -117,8 +119,26 @@ class Pipeline(ABC):
         self.context = context
 
     def technique_index(self) -> TechniqueIndex | None:
-        """The index this technique builds at ingest, if it needs one (built once, at worker start)."""
+        """The index this technique builds at ingest, if any: the same object on every call."""
         return None
+
+    def extra_methods(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Bridge methods this technique adds besides execute (each backs a tool in schemas/tools/)."""
+        return {}
+
+    def require_index(self, collection: CollectionInfo) -> None:
+        """Refuse to search a collection that this technique's index does not fully cover."""
+        index = self.technique_index()
+        if index is None:
+            return
+        indexed = index.indexed_documents(self.context.store.connection(), collection.id)
+        if indexed < collection.document_count:
+            msg = (
+                f"collection {collection.id!r} has {collection.document_count} documents but the "
+                f"{self.technique} index covers {indexed}: it was ingested before this technique existed. "
+                f"Run `iris-rag reindex --collection {collection.id}` (no re-embedding: vectors are cached)"
+            )
+            raise IndexNotBuiltError(msg, {"indexed": indexed, "documents": collection.document_count})
 
     @abstractmethod
     def retrieve(

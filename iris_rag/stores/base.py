@@ -136,6 +136,9 @@ class DocumentStore(Protocol):
     def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
         """One document, or None."""
 
+    def document_ids(self, collection_id: str) -> list[str]:
+        """Every document id of the collection, in insertion order."""
+
     def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
         """A document's chunks in order."""
 

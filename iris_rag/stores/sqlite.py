@@ -356,6 +356,15 @@ class SqliteStore:
             updated_at=row["updated_at"],
         )
 
+    def document_ids(self, collection_id: str) -> list[str]:
+        """Every document id of the collection, in insertion order."""
+        rows = (
+            self._connection()
+            .execute("SELECT id FROM documents WHERE collection_id = ? ORDER BY rowid", (collection_id,))
+            .fetchall()
+        )
+        return [row["id"] for row in rows]
+
     def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
         """A document's chunks in order."""
         rows = (

@@ -12,8 +12,6 @@ from iris_rag.service import RagService
 
 logger = logging.getLogger(__name__)
 
-# Methods that are tool calls, and so are recorded by the monitor.
-MONITORED = frozenset({"execute", "ingest", "list_collections", "get_document", "health_check", "metrics"})
 # Cheap methods served on their own thread, so that slow queries never hold them up.
 CONTROL = frozenset({"describe", "health_check", "metrics", "list_collections", "record_call", "shutdown"})
 
@@ -23,14 +21,11 @@ class Dispatcher:
 
     def __init__(self, service: RagService) -> None:
         self.service = service
+        # Tool-backing methods are recorded by the monitor; the others are plumbing.
+        self.monitored = set(service.methods())
         self.methods: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            **service.methods(),
             "describe": service.describe,
-            "execute": service.execute,
-            "ingest": service.ingest,
-            "list_collections": service.list_collections,
-            "get_document": service.get_document,
-            "health_check": service.health_check,
-            "metrics": service.metrics,
             "record_call": service.record_call,
             "shutdown": lambda _params: {"shutting_down": True},
         }
@@ -52,7 +47,7 @@ class Dispatcher:
             logger.exception("unexpected error in %s", method)
             error_code = "INTERNAL_ERROR"
             outcome = (False, {"code": error_code, "message": f"{type(exc).__name__}: {exc}"})
-        if method in MONITORED:
+        if method in self.monitored:
             self._record(method, params, (time.perf_counter() - started) * 1000, error_code)
         return outcome
 
