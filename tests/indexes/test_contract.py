@@ -53,6 +53,10 @@ class WordCountIndex:
     def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
         return {"rows": connection.execute("SELECT COUNT(*) FROM word_counts").fetchone()[0]}
 
+    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+        row = connection.execute("SELECT COUNT(*) FROM word_counts WHERE collection_id = ?", (collection_id,))
+        return int(row.fetchone()[0])
+
 
 def _rows(store: SqliteStore) -> list[tuple[str, int]]:
     return [tuple(r) for r in store.connection().execute("SELECT document_id, n FROM word_counts ORDER BY 1")]
@@ -77,3 +81,14 @@ def test_index_follows_documents(tmp_path: Path, embedder: Embedder) -> None:
         ingestor.ingest("c", [SourceDocument("a", "replaced again"), SourceDocument("z", "boom")])
     assert _rows(store) == [("a", 2)], "the failed ingest changed neither the index nor the documents"
     assert store.get_document("c", "a").content == "just one"  # type: ignore[union-attr]
+
+
+def test_indexed_documents_counts_per_collection(tmp_path: Path, embedder: Embedder) -> None:
+    settings = Settings(RAG_DATA_DIR=tmp_path)
+    store = SqliteStore(settings.database_path)
+    index = WordCountIndex()
+    store.register_index(index)
+    Ingestor(settings, store, embedder, [index]).ingest("c", [SourceDocument("a", "x y")])
+    Ingestor(settings, store, embedder, []).ingest("c", [SourceDocument("b", "no index here")])
+    assert index.indexed_documents(store.connection(), "c") == 1
+    assert index.indexed_documents(store.connection(), "other") == 0
