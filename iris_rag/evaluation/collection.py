@@ -1,0 +1,67 @@
+"""The evaluation collection: a dataset's corpus ingested once, reused while it holds every corpus id."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from tqdm import tqdm
+
+from iris_rag.errors import InvalidParametersError
+from iris_rag.evaluation.beir import BeirDataset
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+
+INGEST_BATCH = 256
+MAX_COLLECTION_ID = 64
+_DEFAULT_CHUNK_SIZE = Settings.model_fields["chunk_size"].default
+_DEFAULT_CHUNK_OVERLAP = Settings.model_fields["chunk_overlap"].default
+
+
+def collection_name(dataset: str, chunk_size: int, chunk_overlap: int) -> str:
+    """eval-<dataset>, plus the chunking when it is not the default (the store does not record it)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", dataset).strip("-.") or "dataset"
+    suffix = "" if chunk_size == _DEFAULT_CHUNK_SIZE else f"-c{chunk_size}"
+    suffix += "" if chunk_overlap == _DEFAULT_CHUNK_OVERLAP else f"-o{chunk_overlap}"
+    return f"eval-{slug}"[: MAX_COLLECTION_ID - len(suffix)] + suffix
+
+
+def ensure_collection(
+    service: RagService, dataset: BeirDataset, collection_id: str, *, chunk_size: int, progress: bool = True
+) -> int:
+    """Ingest the corpus documents the collection lacks (all of them the first time); return how many."""
+    store = service.store
+    collection = store.get_collection(collection_id)
+    missing = (
+        dataset.corpus
+        if collection is None
+        else [doc for doc in dataset.corpus if store.get_document(collection_id, str(doc.id)) is None]
+    )
+    if collection is not None and collection.document_count > len(dataset.corpus) - len(missing):
+        # Documents that are not in the corpus would be retrieved and count against every technique.
+        extra = collection.document_count - (len(dataset.corpus) - len(missing))
+        msg = (
+            f"collection {collection_id!r} holds {extra} documents that are not in the corpus; "
+            "pass another --collection"
+        )
+        raise InvalidParametersError(msg)
+    if not missing:
+        return 0
+    service.embedder.wait_ready()
+    ingested = 0
+    with tqdm(
+        total=len(missing),
+        desc=f"ingest {collection_id}",
+        unit="doc",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=not progress,
+    ) as bar:
+        for start in range(0, len(missing), INGEST_BATCH):
+            batch = missing[start : start + INGEST_BATCH]
+            result = service.ingestor.ingest(collection_id, batch, chunk_size=chunk_size)
+            ingested += len(result.document_ids)
+            for error in result.errors:
+                tqdm.write(f"skipped document {error['id']}: {error['message']}", file=sys.stderr)
+            bar.update(len(batch))
+    return ingested
