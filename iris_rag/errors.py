@@ -99,3 +99,9 @@ class IndexNotBuiltError(RagError):
     """The collection was ingested before a technique's index existed; `iris-rag reindex` builds it."""
 
     code = "INDEX_NOT_BUILT"
+
+
+class SqlRejectedError(RagError):
+    """A SQL statement failed the read-only guard or its execution limits; details.reason says why."""
+
+    code = "SQL_REJECTED"

@@ -1,0 +1,455 @@
+"""The SQL guard: one SELECT over registered structured tables, checked before it runs, contained as it runs.
+
+Two independent layers, so that a gap in one is caught by the other:
+
+1. check_sql() parses the statement with sqlglot (SQLite dialect) and refuses anything but exactly one
+   SELECT (or UNION/INTERSECT/EXCEPT of SELECTs) that reads only allowed tables, within the complexity
+   limits; it sets the row LIMIT and regenerates the SQL from the checked tree, so what runs is what
+   was checked.
+2. execute_readonly() runs it on a connection opened read-only (mode=ro, PRAGMA query_only) with an
+   authorizer that denies every action except SELECT, reads of the allowed tables and calls of known
+   pure functions, with SQLite's own limits lowered (value size, LIKE pattern length, no ATTACH) and a
+   progress handler that stops it past its time limit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+from urllib.parse import quote as url_quote
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from iris_rag.errors import SqlRejectedError
+
+Complexity = Literal["simple", "moderate", "complex"]
+
+MAX_SQL_CHARS = 10_000
+MAX_PATTERN_CHARS = 1_000
+MAX_VALUE_BYTES = 1_000_000
+# VM instructions between two looks at the clock.
+_PROGRESS_STEP = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class ComplexityLimits:
+    """What one max_sql_complexity level allows."""
+
+    joins: int
+    subqueries: int
+    ctes: int
+    set_operations: int
+    window_functions: bool
+    recursive: bool
+
+    def describe(self) -> str:
+        """One line for prompts, errors and the schema tool."""
+        if self.joins == 0 and self.subqueries == 0:
+            return "one table: no joins, subqueries, CTEs, UNION/INTERSECT/EXCEPT or window functions"
+        return (
+            f"at most {self.joins} joins, {self.subqueries} subqueries, "
+            f"{self.ctes} {'' if self.recursive else 'non-recursive '}CTEs and "
+            f"{self.set_operations} UNION/INTERSECT/EXCEPT; window functions allowed"
+            + (
+                "; recursive CTEs allowed (bounded by the row limit and the time limit)"
+                if self.recursive
+                else ""
+            )
+        )
+
+
+COMPLEXITY: dict[Complexity, ComplexityLimits] = {
+    "simple": ComplexityLimits(0, 0, 0, 0, window_functions=False, recursive=False),
+    "moderate": ComplexityLimits(3, 2, 2, 2, window_functions=True, recursive=False),
+    "complex": ComplexityLimits(8, 10, 8, 8, window_functions=True, recursive=True),
+}
+
+# Functions a query may call, as SQLite names them to the authorizer: pure computations on values.
+SAFE_FUNCTIONS = frozenset(
+    """abs avg count sum total min max group_concat string_agg lower upper length octet_length substr
+    substring trim ltrim rtrim replace instr round coalesce ifnull nullif iif typeof date time datetime
+    julianday strftime unixepoch timediff printf format concat concat_ws char hex unhex unicode quote like
+    glob likely unlikely likelihood random sign ceil ceiling floor trunc ln log log10 log2 exp pow power
+    sqrt pi mod acos asin atan atan2 cos sin tan degrees radians json json_extract json_array_length
+    json_type json_valid json_quote json_array json_object json_group_array json_group_object -> ->>
+    row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value
+    nth_value""".split()
+)
+# Refused by name before anything runs: they touch files, load code or exist to build huge values.
+DANGEROUS_FUNCTIONS = frozenset(
+    """load_extension readfile writefile edit fts3_tokenizer fts5 randomblob zeroblob sqlite_compileoption_get
+    sqlite_compileoption_used sqlite_offset sqlite_source_id sqlite_version changes total_changes
+    last_insert_rowid sqlar_compress sqlar_uncompress shell_add_schema shell_escape_crnl
+    shell_idquote shell_int32 shell_module_schema shell_putsnl zipfile""".split()
+)
+# Statement kinds that change something or reach outside the query; refused wherever they appear.
+_FORBIDDEN: tuple[type[exp.Expr], ...] = (
+    exp.DML,
+    exp.DDL,
+    exp.Drop,
+    exp.Alter,
+    exp.Attach,
+    exp.Detach,
+    exp.Pragma,
+    exp.Command,
+    exp.Transaction,
+    exp.Commit,
+    exp.Rollback,
+    exp.Use,
+    exp.Set,
+    exp.Analyze,
+    exp.Copy,
+    exp.Describe,
+)
+_NESTED_QUERY_PARENTS = (exp.Subquery, exp.CTE, exp.SetOperation)
+# SQLite's own limits, lowered on the read-only connection (sqlite3.Connection.setlimit).
+_SQLITE_LIMITS = {
+    sqlite3.SQLITE_LIMIT_LENGTH: MAX_VALUE_BYTES,
+    sqlite3.SQLITE_LIMIT_SQL_LENGTH: 4 * MAX_SQL_CHARS,
+    sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 200,
+    sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 20,
+    sqlite3.SQLITE_LIMIT_ATTACHED: 0,
+    sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: MAX_PATTERN_CHARS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedSql:
+    """A statement that passed the guard, as given and as it will run."""
+
+    sql: str
+    executed_sql: str
+    tables: tuple[str, ...]
+    ctes: tuple[str, ...]
+    complexity: dict[str, Any]
+    query_limit: int | None
+    row_limit: int
+    fetch_limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class SqlResult:
+    """The rows a checked statement returned."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    truncated: bool
+    execution_ms: float
+    denied: list[str] = field(default_factory=list)
+
+
+def reject(reason: str, stage: Literal["parse", "check", "execution"] = "check") -> NoReturn:
+    """Raise SQL_REJECTED for one reason; details say which stage refused the statement."""
+    msg = f"SQL rejected: {reason}"
+    raise SqlRejectedError(msg, {"reason": reason, "stage": stage})
+
+
+def _statement_kind(statement: exp.Expr) -> str:
+    if isinstance(statement, exp.Command):
+        return str(statement.this).upper()
+    return statement.key.upper()
+
+
+def _first_word(sql: str) -> str:
+    words = sql.split(None, 1)
+    return words[0].upper() if words else ""
+
+
+def _literal_int(node: exp.Expr | None) -> int | None:
+    """The value of an integer literal (possibly negated), else None."""
+    if isinstance(node, exp.Neg):
+        inner = _literal_int(node.this)
+        return -inner if inner is not None else None
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return int(node.this)
+        except ValueError:
+            return None
+    return None
+
+
+def _function_name(node: exp.Func) -> str:
+    return node.name.lower() if isinstance(node, exp.Anonymous) else node.sql_name().lower()
+
+
+def check_sql(
+    sql: str,
+    *,
+    allowed: Collection[str],
+    registered: Collection[str],
+    existing: Collection[str],
+    complexity: Complexity,
+    max_rows: int,
+) -> CheckedSql:
+    """Parse and check one statement; returns it with the row limit applied, or raises SQL_REJECTED.
+
+    allowed: the table and view names the statement may read; registered: every structured table (for
+    messages); existing: every name in the database file, so that a CTE cannot shadow one.
+    """
+    text = sql.strip()
+    if not text:
+        reject("the statement is empty", "parse")
+    if len(text) > MAX_SQL_CHARS:
+        reject(f"the statement has {len(text)} characters; at most {MAX_SQL_CHARS}", "parse")
+    try:
+        parsed = sqlglot.parse(text, read="sqlite")
+    except SqlglotError as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reject(f"it does not parse as SQLite: {first_line}", "parse")
+    statements = [s for s in parsed if s is not None and not isinstance(s, exp.Semicolon)]
+    if len(statements) != 1:
+        reject(f"exactly one statement is allowed; found {len(statements)}", "parse")
+    root = statements[0]
+    if not isinstance(root, exp.Select | exp.SetOperation):
+        kind = _statement_kind(root) if isinstance(root, _FORBIDDEN) else _first_word(text)
+        reject(f"only SELECT is allowed; this is {kind}")
+
+    allowed_names = {name.lower() for name in allowed}
+    registered_names = {name.lower() for name in registered}
+    existing_names = {name.lower() for name in existing}
+    cte_names = {cte.alias_or_name.lower() for cte in root.find_all(exp.CTE)}
+    for name in sorted(cte_names):
+        if name in existing_names or name in registered_names or name.startswith("sqlite_"):
+            reject(f"the CTE name {name!r} is the name of a table; rename the CTE")
+
+    used: dict[str, None] = {}
+    windows = subqueries = 0
+    for node in root.walk():
+        if isinstance(node, _FORBIDDEN):
+            reject(f"{_statement_kind(node)} is not allowed inside a query")
+        if isinstance(node, exp.Table):
+            _check_table(node, cte_names, allowed_names, registered_names, existing_names, used)
+        elif isinstance(node, exp.Func):
+            _check_function(node)
+        if isinstance(node, exp.Placeholder | exp.Parameter):
+            reject("bind parameters (?, :name, @name) are not supported; write the values as literals")
+        if isinstance(node, exp.Like | exp.ILike | exp.Glob):
+            pattern = node.expression
+            if isinstance(pattern, exp.Literal) and len(str(pattern.this)) > MAX_PATTERN_CHARS:
+                reject(
+                    f"a LIKE/GLOB pattern of {len(str(pattern.this))} characters; at most {MAX_PATTERN_CHARS}"
+                )
+        if isinstance(node, exp.Select) and node.args.get("into"):
+            reject("SELECT ... INTO writes a table and is not allowed")
+        if isinstance(node, exp.Window):
+            windows += 1
+        if isinstance(node, exp.Subquery) or (
+            isinstance(node, exp.Select | exp.SetOperation)
+            and node is not root
+            and not isinstance(node.parent, _NESTED_QUERY_PARENTS)
+        ):
+            subqueries += 1
+
+    counts: dict[str, Any] = {
+        "joins": len(list(root.find_all(exp.Join))),
+        "subqueries": subqueries,
+        "ctes": len(cte_names),
+        "set_operations": len(list(root.find_all(exp.SetOperation))),
+        "window_functions": windows,
+        "recursive": any(bool(w.args.get("recursive")) for w in root.find_all(exp.With)),
+    }
+    _check_complexity(counts, complexity)
+    query_limit, row_limit, fetch_limit = _apply_limit(root, max_rows)
+    return CheckedSql(
+        sql=sql,
+        executed_sql=root.sql(dialect="sqlite"),
+        tables=tuple(used),
+        ctes=tuple(sorted(cte_names)),
+        complexity=counts,
+        query_limit=query_limit,
+        row_limit=row_limit,
+        fetch_limit=fetch_limit,
+    )
+
+
+def _check_table(
+    node: exp.Table,
+    cte_names: set[str],
+    allowed: set[str],
+    registered: set[str],
+    existing: set[str],
+    used: dict[str, None],
+) -> None:
+    if not isinstance(node.this, exp.Identifier):
+        inner = node.this
+        function = inner.sql_name() if isinstance(inner, exp.Func) else inner.sql()
+        function = inner.name if isinstance(inner, exp.Anonymous) else function.lower()
+        reject(f"table-valued functions such as {function}() are not allowed; query a table")
+    database = node.db.lower()
+    if node.catalog or database not in ("", "main"):
+        reject(f"{node.sql(dialect='sqlite')}: only the store's own tables can be read")
+    name = node.name.lower()
+    if name in cte_names and not database:
+        return
+    if name in allowed:
+        used[name] = None
+    elif name in registered:
+        reject(f"table {node.name!r} is not in allowed_tables ({', '.join(sorted(allowed))})")
+    elif name in existing or name.startswith("sqlite_"):
+        reject(f"table {node.name!r} is internal to the store, not structured data")
+    else:
+        reject(f"no table {node.name!r}; queryable: {', '.join(sorted(allowed)) or 'none'}")
+
+
+def _check_function(node: exp.Func) -> None:
+    name = _function_name(node)
+    if name in DANGEROUS_FUNCTIONS:
+        reject(f"function {name}() is not allowed (it touches files, loads code or builds huge values)")
+    if isinstance(node, exp.RegexpLike):
+        reject("REGEXP is not available; use LIKE, GLOB or instr()")
+    if isinstance(node, exp.Anonymous) and name not in SAFE_FUNCTIONS:
+        reject(f"function {name}() is not available; allowed: {', '.join(sorted(SAFE_FUNCTIONS))}")
+
+
+def _check_complexity(counts: dict[str, Any], complexity: Complexity) -> None:
+    limits = COMPLEXITY[complexity]
+    advice = f"max_sql_complexity {complexity!r} allows {limits.describe()}"
+    for key, limit, one, many in (
+        ("joins", limits.joins, "join", "joins"),
+        ("subqueries", limits.subqueries, "subquery", "subqueries"),
+        ("ctes", limits.ctes, "CTE", "CTEs"),
+        ("set_operations", limits.set_operations, "UNION/INTERSECT/EXCEPT", "UNION/INTERSECT/EXCEPT"),
+    ):
+        if counts[key] > limit:
+            reject(f"{counts[key]} {one if counts[key] == 1 else many}; {advice}")
+    if counts["window_functions"] and not limits.window_functions:
+        reject(f"window functions; {advice}")
+    if counts["recursive"] and not limits.recursive:
+        reject(f"a recursive CTE; {advice}")
+
+
+def _apply_limit(root: exp.Expr, max_rows: int) -> tuple[int | None, int, int]:
+    """Set LIMIT to the smaller of the query's own and max_rows (plus one row, to tell if rows were cut)."""
+    limit = root.args.get("limit")
+    query_limit: int | None = None
+    if limit is not None:
+        value = _literal_int(limit.expression)
+        if value is None:
+            reject("LIMIT must be a whole number")
+        query_limit = value if value >= 0 else None  # SQLite reads a negative LIMIT as none
+    offset = root.args.get("offset")
+    if offset is not None and _literal_int(offset.expression) is None:
+        reject("OFFSET must be a whole number")
+    row_limit = max_rows if query_limit is None else min(query_limit, max_rows)
+    fetch_limit = row_limit + 1 if query_limit is None or query_limit > max_rows else row_limit
+    root.set("limit", exp.Limit(expression=exp.Literal.number(fetch_limit)))
+    return query_limit, row_limit, fetch_limit
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    return value
+
+
+def readonly_connection(database: Path) -> sqlite3.Connection:
+    """A connection that cannot write: opened mode=ro, PRAGMA query_only, SQLite's limits lowered.
+
+    trusted_schema stays on: the documents views call json_extract, which SQLite 3.40 does not mark
+    innocuous; the authorizer already limits every function call, inside views too, to SAFE_FUNCTIONS.
+    """
+    uri = f"file:{url_quote(str(database.resolve()))}?mode=ro"
+    connection = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None, check_same_thread=False)
+    for limit, value in _SQLITE_LIMITS.items():
+        connection.setlimit(limit, value)
+    connection.execute("PRAGMA query_only = ON")
+    return connection
+
+
+def execute_readonly(
+    database: Path,
+    checked: CheckedSql,
+    *,
+    allowed: Collection[str],
+    views: Collection[str],
+    allow_recursive: bool,
+    timeout_ms: int,
+) -> SqlResult:
+    """Run a checked statement read-only under the authorizer and the time limit."""
+    allowed_names = {name.lower() for name in allowed} | set(checked.ctes)
+    view_names = {name.lower() for name in views}
+    denied: list[str] = []
+
+    def authorizer(
+        action: int, first: str | None, second: str | None, database: str | None, source: str | None
+    ) -> int:
+        if action == sqlite3.SQLITE_SELECT:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_READ and database in (None, "main"):
+            table = (first or "").lower()
+            # A documents view reads the documents table: allowed only through an allowed view. count(*)
+            # over a view asks for the table itself with no column and no view named: no column is read.
+            through_view = (source or "").lower() in view_names or (bool(view_names) and not second)
+            if table in allowed_names or (table == "documents" and through_view):
+                return sqlite3.SQLITE_OK
+            denied.append(f"reading table {first!r}")
+            return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_FUNCTION and (second or "").lower() in SAFE_FUNCTIONS:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_RECURSIVE and allow_recursive:
+            return sqlite3.SQLITE_OK
+        denied.append(_action_name(action, first, second))
+        return sqlite3.SQLITE_DENY
+
+    started = time.monotonic()
+    deadline = started + timeout_ms / 1000
+    timed_out = False
+
+    def progress() -> int:
+        nonlocal timed_out
+        timed_out = time.monotonic() > deadline
+        return int(timed_out)
+
+    connection = readonly_connection(database)
+    try:
+        connection.set_authorizer(authorizer)
+        connection.set_progress_handler(progress, _PROGRESS_STEP)
+        cursor = connection.execute(checked.executed_sql)
+        columns = [d[0] for d in cursor.description or ()]
+        fetched = cursor.fetchmany(checked.fetch_limit)
+    except sqlite3.Error as exc:
+        reject(_execution_reason(exc, denied, timed_out, timeout_ms), "execution")
+    finally:
+        connection.close()
+    elapsed = (time.monotonic() - started) * 1000
+    rows = [[_cell(v) for v in row] for row in fetched[: checked.row_limit]]
+    return SqlResult(columns, rows, len(fetched) > checked.row_limit, round(elapsed, 3), denied)
+
+
+_ACTIONS = {
+    code: name
+    for name in """CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE CREATE_TEMP_TRIGGER
+    CREATE_TEMP_VIEW CREATE_TRIGGER CREATE_VIEW DELETE DROP_INDEX DROP_TABLE DROP_TEMP_INDEX DROP_TEMP_TABLE
+    DROP_TEMP_TRIGGER DROP_TEMP_VIEW DROP_TRIGGER DROP_VIEW INSERT PRAGMA READ SELECT TRANSACTION UPDATE
+    ATTACH DETACH ALTER_TABLE REINDEX ANALYZE CREATE_VTABLE DROP_VTABLE FUNCTION SAVEPOINT
+    RECURSIVE""".split()
+    if isinstance(code := getattr(sqlite3, f"SQLITE_{name}", None), int)
+}
+
+
+def _action_name(action: int, first: str | None, second: str | None) -> str:
+    if action == sqlite3.SQLITE_FUNCTION:
+        return f"calling function {second}()"
+    what = " ".join(repr(v) for v in (first, second) if v)
+    return f"{_ACTIONS.get(action, str(action))} {what}".strip()
+
+
+def _execution_reason(exc: sqlite3.Error, denied: list[str], timed_out: bool, timeout_ms: int) -> str:
+    message = str(exc)
+    if timed_out:
+        return f"it ran past the {timeout_ms} ms time limit and was stopped"
+    if denied:
+        return f"not authorized: {denied[0]}"
+    if "readonly" in message or "read-only" in message:
+        return "it tried to write; the connection is read-only"
+    if "too big" in message:
+        return f"a value grew past {MAX_VALUE_BYTES} bytes"
+    if "pattern too complex" in message:
+        return f"a LIKE/GLOB pattern longer than {MAX_PATTERN_CHARS} characters"
+    return f"SQLite error: {message}"
