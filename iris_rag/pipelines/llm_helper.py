@@ -1,0 +1,122 @@
+"""Technique-internal LLM calls (query rewrites, hypothetical documents), separate from answer generation.
+
+A technique asks `TechniqueLLM.produce()` for a text and names a fallback that builds it without an LLM.
+When LLM_PROVIDER=openai the configured OpenAI-compatible server (LLM_BASE_URL, LLM_MODEL, LLM_API_KEY,
+LLM_TIMEOUT_S, LLM_MAX_RETRIES: the same settings as the answer generator) writes it and the source is
+"llm"; otherwise, or when the call fails or returns nothing, the fallback runs and the source is the
+fallback's name, with the failure kept in `error`. Retrieval never fails because a helper call did:
+the response says which path ran.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from iris_rag.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """A text a technique needed, and which path made it: "llm" or the named fallback."""
+
+    text: str
+    source: str
+    error: str | None = None
+
+    def report(self) -> dict[str, Any]:
+        """The fields a technique puts in technique_specific (error only when the LLM failed)."""
+        return {"source": self.source, **({"llm_error": self.error} if self.error else {})}
+
+
+class TechniqueLLM:
+    """The configured OpenAI-compatible server, for a technique's own prompts; absent without LLM_PROVIDER."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.model_name: str | None = None
+        self._client: Any = None
+        if settings.llm_provider == "openai":
+            from openai import OpenAI
+
+            api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
+            self.model_name = settings.llm_model
+            self._client = OpenAI(
+                api_key=api_key,
+                base_url=settings.llm_base_url,
+                timeout=settings.llm_timeout_s,
+                max_retries=settings.llm_max_retries,
+            )
+
+    @property
+    def available(self) -> bool:
+        """Whether an LLM is configured."""
+        return self._client is not None
+
+    def complete(self, system: str, user: str, *, max_tokens: int, temperature: float = 0.0) -> str:
+        """One chat completion's text; raises on any failure or an empty reply."""
+        if self._client is None:
+            msg = "no LLM is configured (LLM_PROVIDER=none)"
+            raise RuntimeError(msg)
+        completion = self._client.chat.completions.create(
+            model=self.model_name,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
+        text = completion.choices[0].message.content if completion.choices else None
+        if not text or not text.strip():
+            msg = "the LLM returned no text"
+            raise RuntimeError(msg)
+        return str(text).strip()
+
+    def produce(
+        self,
+        system: str,
+        user: str,
+        *,
+        max_tokens: int,
+        fallback_name: str,
+        fallback: Callable[[], str],
+        clean: Callable[[str], str] = str.strip,
+    ) -> Produced:
+        """The LLM's text (cleaned) when one is configured and answers; otherwise the fallback's."""
+        error: str | None = None
+        if self.available:
+            try:
+                text = clean(self.complete(system, user, max_tokens=max_tokens))
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                logger.warning("technique LLM call failed, using the %s fallback: %s", fallback_name, error)
+            else:
+                if text:
+                    return Produced(text, "llm")
+                error = "the LLM's reply was empty after cleaning"
+        return Produced(fallback(), fallback_name, error)
+
+
+def strip_label(text: str) -> str:
+    """An LLM reply without a leading label ("Rewritten query:", "Passage:") or surrounding quotes."""
+    text = text.strip()
+    label, sep, rest = text.partition(":")
+    words = label.lower().split()
+    if sep and rest.strip() and 0 < len(words) <= 3 and words[-1] in _LABELS:
+        text = rest.strip()
+    return text.strip("\"'`\u201c\u201d ").strip()
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of an LLM reply, label and quotes removed (for one-line answers)."""
+    for line in text.splitlines():
+        cleaned = strip_label(" ".join(line.split()))
+        if cleaned:
+            return cleaned
+    return ""
+
+
+_LABELS = frozenset(
+    {"query", "question", "rewrite", "rewritten", "reformulation", "passage", "document", "search"}
+)

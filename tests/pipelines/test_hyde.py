@@ -1,0 +1,244 @@
+"""rag_hyde on a real store and model: PRF pseudo-document, LLM hypothesis, every parameter, filters."""
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from iris_rag.errors import InvalidParametersError
+from iris_rag.models.embedder import Embedder
+from iris_rag.pipelines.hyde import HYPOTHESIS_PROMPT, SEGMENT_TOKENS, combined_vector
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+from tests.conftest import DOCUMENTS
+from tests.models.fake_openai import FakeOpenAIServer
+
+EXTRA = [
+    {
+        "id": "ulcer",
+        "title": "Stomach ulcers",
+        "content": "Stomach ulcers often bleed. Painkillers such as ibuprofen and naproxen damage the "
+        "stomach lining and cause bleeding. Proton pump inhibitors protect the lining.",
+        "metadata": {"year": 2022, "topic": "gastroenterology"},
+    },
+    {
+        "id": "statins",
+        "title": "Statins",
+        "content": "Statins lower LDL cholesterol. Lower cholesterol means fewer heart attacks and strokes. "
+        "Muscle pain is the most common side effect.",
+        "metadata": {"year": 2017, "topic": "cardiology"},
+    },
+]
+# A long LLM reply: 30 sentences of about 12 word pieces each.
+LONG_REPLY = " ".join(
+    f"Finding {n}: basaltic volcanoes erupt runny lava that flows for many kilometres." for n in range(1, 31)
+)
+
+
+@pytest.fixture
+def hyde_service(service: RagService) -> RagService:
+    result = service.ingest({"collection_id": "docs", "documents": DOCUMENTS + EXTRA})
+    assert result["ingested_count"] == 5
+    return service
+
+
+def hyde(
+    service: RagService, query: str, params: dict[str, Any] | None = None, **options: Any
+) -> dict[str, Any]:
+    arguments: dict[str, Any] = {
+        "query": query,
+        "collection_id": "docs",
+        "technique_params": params or {},
+        "options": {"generate": False, **options},
+    }
+    return service.execute({"technique": "hyde", "arguments": arguments})
+
+
+def ids(result: dict[str, Any]) -> list[str]:
+    return [d["id"] for d in result["retrieved_documents"]]
+
+
+def specific(result: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = result["metadata"]["technique_specific"]
+    return spec
+
+
+def basic(service: RagService, query: str, **options: Any) -> dict[str, Any]:
+    return service.execute(
+        {
+            "technique": "basic",
+            "arguments": {"query": query, "collection_id": "docs", "options": {"generate": False, **options}},
+        }
+    )
+
+
+def test_without_hypothesis_it_is_plain_dense_search(hyde_service: RagService) -> None:
+    result = hyde(hyde_service, "heart attack prevention", {"generate_hypothetical": False}, top_k=5)
+    spec = specific(result)
+    assert spec["hypothesis"] is None and spec["hypothesis_source"] == "none"
+    plain = basic(hyde_service, "heart attack prevention", top_k=5)
+    assert ids(result) == ids(plain)
+    assert [d["similarity_score"] for d in result["retrieved_documents"]] == [
+        d["similarity_score"] for d in plain["retrieved_documents"]
+    ]
+
+
+def test_prf_pseudo_document_without_llm(hyde_service: RagService) -> None:
+    result = hyde(hyde_service, "heart attack prevention", top_k=5)
+    spec = specific(result)
+    assert spec["hypothesis_source"] == "prf"
+    assert spec["generate_hypothetical"] is True and spec["combine_strategy"] == "replace"
+    assert spec["prf_documents"] == ids(basic(hyde_service, "heart attack prevention", top_k=5))
+    # Made of the first-pass sentences, most query-like first, within the length.
+    assert spec["hypothesis"].startswith(
+        ("Daily low-dose aspirin", "Lower cholesterol means fewer heart attacks")
+    )
+    assert 0 < spec["hypothesis_tokens"] <= 200
+    assert spec["prf_sentences_used"] <= spec["prf_sentences"]
+    # replace: the hypothesis embedding alone ranks, so the score is the cosine to the hypothesis.
+    for document in result["retrieved_documents"]:
+        assert document["similarity_score"] == pytest.approx(
+            document["score_details"]["hypothesis_cosine"], abs=1e-5
+        )
+    assert spec["hypothesis_weight"] == 1.0
+
+
+def test_hypothesis_length_cuts_the_pseudo_document(hyde_service: RagService) -> None:
+    short = hyde(hyde_service, "heart attack risk and bleeding", {"hypothesis_length": 50, "prf_depth": 5})
+    long = hyde(hyde_service, "heart attack risk and bleeding", {"hypothesis_length": 500, "prf_depth": 5})
+    assert specific(short)["hypothesis_tokens"] <= 50
+    assert specific(long)["hypothesis_tokens"] > specific(short)["hypothesis_tokens"]
+    assert specific(long)["prf_sentences_used"] > specific(short)["prf_sentences_used"]
+    assert [d["similarity_score"] for d in short["retrieved_documents"]] != [
+        d["similarity_score"] for d in long["retrieved_documents"]
+    ]
+    with pytest.raises(InvalidParametersError):
+        hyde(hyde_service, "x", {"hypothesis_length": 20})
+
+
+def test_prf_depth_chooses_the_feedback_chunks(hyde_service: RagService) -> None:
+    one = hyde(hyde_service, "heart attack risk", {"prf_depth": 1})
+    five = hyde(hyde_service, "heart attack risk", {"prf_depth": 5, "hypothesis_length": 500})
+    assert len(specific(one)["prf_documents"]) == 1
+    assert len(specific(five)["prf_documents"]) == 5
+    assert specific(one)["hypothesis"] != specific(five)["hypothesis"]
+
+
+def _expected(details: dict[str, Any], weight: float, cosine: float) -> float:
+    """Cosine to the normalized (1 - w) q + w h, from the document's cosines to q and to h."""
+    norm = math.sqrt((1 - weight) ** 2 + weight**2 + 2 * weight * (1 - weight) * cosine)
+    return float((1 - weight) * details["query_cosine"] + weight * details["hypothesis_cosine"]) / norm
+
+
+@pytest.mark.parametrize(
+    ("params", "weight"),
+    [
+        ({"combine_strategy": "replace"}, 1.0),
+        ({"combine_strategy": "combine"}, 0.5),
+        ({"combine_strategy": "weighted", "hypothesis_weight": 0.2}, 0.2),
+        ({"combine_strategy": "weighted", "hypothesis_weight": 0.9}, 0.9),
+        ({"combine_strategy": "combine", "hypothesis_weight": 0.9}, 0.5),
+    ],
+)
+def test_combine_strategy_and_weight_set_the_search_vector(
+    hyde_service: RagService, params: dict[str, Any], weight: float
+) -> None:
+    result = hyde(hyde_service, "stomach bleeding", params, top_k=5)
+    spec = specific(result)
+    assert spec["hypothesis_weight"] == weight
+    cosine = spec["query_hypothesis_cosine"]
+    for document in result["retrieved_documents"]:
+        assert document["similarity_score"] == pytest.approx(
+            _expected(document["score_details"], weight, cosine), abs=1e-4
+        )
+
+
+def test_combined_vector_is_unit_length() -> None:
+    import numpy as np
+
+    q = np.array([1.0, 0.0], dtype=np.float32)
+    h = np.array([0.0, 1.0], dtype=np.float32)
+    assert np.allclose(combined_vector(q, h, 0.5), [math.sqrt(0.5), math.sqrt(0.5)])
+    assert np.allclose(combined_vector(q, h, 0.0), q) and np.allclose(combined_vector(q, h, 1.0), h)
+
+
+def test_filters_apply_to_the_pseudo_document_and_the_search(hyde_service: RagService) -> None:
+    result = hyde(
+        hyde_service, "heart attack", top_k=5, filters={"topic": "cardiology", "year": {"lt": 2019}}
+    )
+    assert ids(result) == ["statins"]
+    assert specific(result)["prf_documents"] == ["statins"]
+    assert result["metadata"]["filters"]["matched_documents"] == 1
+    nothing = hyde(hyde_service, "heart attack", filters={"colour": "red"})
+    assert nothing["retrieved_documents"] == [] and specific(nothing)["hypothesis"] == ""
+    assert "note" in specific(nothing)
+
+
+def test_generate_false_and_true(hyde_service: RagService) -> None:
+    evidence = hyde(hyde_service, "stomach bleeding")
+    assert evidence["answer"] is None and evidence["retrieved_documents"]
+    answered = hyde(hyde_service, "stomach bleeding", generate=True)
+    assert answered["answer"] and "[1]" in answered["answer"]
+
+
+# --- LLM path ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def llm_service(tmp_path: Path, embedder: Embedder) -> Iterator[tuple[RagService, FakeOpenAIServer]]:
+    server = FakeOpenAIServer(reply="Passage: " + LONG_REPLY)
+    settings = Settings(
+        RAG_DATA_DIR=tmp_path / "llm",
+        LLM_PROVIDER="openai",
+        LLM_MODEL="fake-model",
+        LLM_API_KEY="sk-test",
+        LLM_BASE_URL=server.base_url,
+        LLM_MAX_RETRIES=0,
+    )
+    service = RagService(settings, embedder=embedder)
+    service.ingest({"collection_id": "docs", "documents": DOCUMENTS + EXTRA})
+    yield service, server
+    service.close()
+    server.close()
+
+
+def _hypothesis_requests(server: FakeOpenAIServer) -> list[dict[str, Any]]:
+    # Ingest asked the same server for graph extraction; the hypothesis is the request with our prompt.
+    return [r["body"] for r in server.requests if r["body"]["messages"][0]["content"] == HYPOTHESIS_PROMPT]
+
+
+def test_llm_writes_the_hypothesis(llm_service: tuple[RagService, FakeOpenAIServer]) -> None:
+    service, server = llm_service
+    # The query says nothing about volcanoes; the LLM's passage does, and the search follows it.
+    result = hyde(service, "What flows for kilometres?", {"hypothesis_length": 100}, top_k=3)
+    spec = specific(result)
+    assert spec["hypothesis_source"] == "llm"
+    assert spec["hypothesis"].startswith("Finding 1: basaltic volcanoes")  # label stripped
+    assert spec["hypothesis_tokens"] <= 100 and spec["hypothesis_segments"] == 1
+    assert "prf_documents" not in spec
+    assert ids(result)[0] == "volcano"
+    (request,) = _hypothesis_requests(server)
+    assert request["model"] == "fake-model"
+    assert request["max_tokens"] == 125
+    assert "What flows for kilometres?" in request["messages"][1]["content"]
+    assert "about 75 words" in request["messages"][1]["content"]
+
+
+def test_long_hypotheses_are_embedded_in_segments(llm_service: tuple[RagService, FakeOpenAIServer]) -> None:
+    service, _ = llm_service
+    short = specific(hyde(service, "lava", {"hypothesis_length": 150}))
+    long = specific(hyde(service, "lava", {"hypothesis_length": 500}))
+    assert short["hypothesis_segments"] == 1
+    assert long["hypothesis_tokens"] > SEGMENT_TOKENS
+    assert long["hypothesis_segments"] >= math.ceil(long["hypothesis_tokens"] / SEGMENT_TOKENS) >= 2
+    assert len(long["hypothesis"]) > len(short["hypothesis"])
+
+
+def test_llm_failure_falls_back_to_prf(llm_service: tuple[RagService, FakeOpenAIServer]) -> None:
+    service, server = llm_service
+    server.status = 500
+    result = hyde(service, "stomach bleeding")
+    spec = specific(result)
+    assert spec["hypothesis_source"] == "prf"
+    assert spec["llm_error"]
+    assert spec["prf_documents"] and result["retrieved_documents"]
