@@ -1,0 +1,386 @@
+"""Token vectors for late interaction (rag_colbert): encoded at ingest, compressed, one BLOB per chunk.
+
+Each chunk's text (title + chunk, as embedded for dense search) goes through the embedding model's
+transformer; the last hidden state of every word piece, minus special and punctuation tokens, is
+unit-normalized, projected to TOKEN_DIMENSION dimensions by a fixed orthonormal projection, normalized
+again and int8-quantized with one scale per chunk. The word-piece ids are kept next to the vectors
+(uint16): they order a chunk's tokens by informativeness at query time (collection IDF, from the
+document-frequency table this index keeps) and name the tokens that matched.
+
+Stored per token: TOKEN_DIMENSION bytes of codes + 2 bytes of id; per chunk: a 4-byte scale.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from iris_rag.ingestion.ingestor import embedding_text
+from iris_rag.models.embedder import Embedder
+from iris_rag.stores.base import DocumentInput
+
+TOKEN_DIMENSION = 96
+"""Dimensions kept per token vector after projection (int8 each)."""
+MAX_DOCUMENT_TOKENS = 512
+"""Word pieces encoded per chunk (the model's position limit); longer chunks are cut."""
+PROJECTION_SEED = 20240611
+"""Seed of the fixed random orthonormal projection: the same for every collection and every run."""
+TABLE = "colbert_token_vectors"
+DF_TABLE = "colbert_token_df"
+
+Floats = npt.NDArray[np.float32]
+Ids = npt.NDArray[np.int64]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenVectors:
+    """One text's kept word pieces: their ids and unit vectors in the projected space, in text order."""
+
+    token_ids: Ids
+    vectors: Floats
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTokens:
+    """A chunk's stored token vectors, as read back: int8 codes times one scale."""
+
+    chunk_id: str
+    document_id: str
+    token_ids: Ids
+    codes: npt.NDArray[np.int8]
+    scale: float
+
+    @property
+    def token_count(self) -> int:
+        """How many token vectors are stored for the chunk."""
+        return int(self.token_ids.shape[0])
+
+    def vectors(self) -> Floats:
+        """The dequantized vectors (rows of unit length up to quantization error)."""
+        result: Floats = self.codes.astype(np.float32) * np.float32(self.scale)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChunk:
+    """One row to write: a chunk's quantized token vectors."""
+
+    document_id: str
+    chunk_id: str
+    token_ids: bytes
+    codes: bytes
+    scale: float
+    token_count: int
+    truncated: bool
+
+
+def quantize(vectors: Floats) -> tuple[npt.NDArray[np.int8], float]:
+    """Symmetric int8 quantization with one scale: the largest magnitude maps to 127."""
+    peak = float(np.abs(vectors).max()) if vectors.size else 0.0
+    scale = peak / 127.0 if peak > 0 else 1.0
+    codes = np.clip(np.rint(vectors / scale), -127, 127).astype(np.int8)
+    return codes, scale
+
+
+def orthonormal_projection(source: int, target: int, seed: int = PROJECTION_SEED) -> Floats:
+    """A fixed random source x target matrix with orthonormal columns (Johnson-Lindenstrauss style)."""
+    if target >= source:
+        return np.eye(source, dtype=np.float32)
+    gaussian = np.random.default_rng(seed).standard_normal((source, target))
+    q, r = np.linalg.qr(gaussian)
+    # Fix the signs so the matrix is unique for the seed whatever the LAPACK build.
+    q = q * np.sign(np.diag(r))
+    return np.ascontiguousarray(q, dtype=np.float32)
+
+
+def _unit(rows: Floats) -> Floats:
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    result: Floats = (rows / np.maximum(norms, 1e-12)).astype(np.float32)
+    return result
+
+
+def _is_punctuation(token: str) -> bool:
+    text = token.removeprefix("##")
+    return bool(text) and all(unicodedata.category(ch)[0] in "PS" for ch in text)
+
+
+class TokenEncoder:
+    """Word-piece vectors from the shared embedding model's transformer (its last hidden state)."""
+
+    def __init__(self, embedder: Embedder, dimension: int = TOKEN_DIMENSION) -> None:
+        self.embedder = embedder
+        self.dimension = dimension
+        self._lock = threading.Lock()
+        self._projection: Floats | None = None
+        self._skip: npt.NDArray[np.bool_] | None = None
+
+    def _setup(self) -> tuple[Floats, npt.NDArray[np.bool_]]:
+        with self._lock:
+            if self._projection is None or self._skip is None:
+                tokenizer = self.embedder.tokenizer
+                tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+                skip = np.array([_is_punctuation(str(t)) for t in tokens], dtype=bool)
+                skip[list(tokenizer.all_special_ids)] = True
+                self._skip = skip
+                self._projection = orthonormal_projection(self.embedder.dimension, self.dimension)
+            return self._projection, self._skip
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """The word pieces the ids stand for ('##' marks a continuation)."""
+        return [str(t) for t in self.embedder.tokenizer.convert_ids_to_tokens([int(i) for i in token_ids])]
+
+    @property
+    def vocabulary_size(self) -> int:
+        """How many word-piece ids the tokenizer has."""
+        return len(self.embedder.tokenizer)
+
+    def encode(
+        self, texts: list[str], *, max_length: int = MAX_DOCUMENT_TOKENS, batch_size: int | None = None
+    ) -> list[TokenVectors]:
+        """Each text's kept word pieces (no special or punctuation tokens), projected and unit-length."""
+        if not texts:
+            return []
+        projection, skip = self._setup()
+        batch = batch_size or self.embedder.batch_size
+        tokenizer = self.embedder.tokenizer
+
+        def run(model: Any) -> list[TokenVectors]:
+            import torch
+
+            transformer = model[0].auto_model
+            results: list[TokenVectors | None] = [None] * len(texts)
+            # Similar lengths batched together: padding is wasted work.
+            order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+            with torch.inference_mode():
+                for start in range(0, len(order), batch):
+                    positions = order[start : start + batch]
+                    encoded = tokenizer(
+                        [texts[i] for i in positions],
+                        padding=True,
+                        truncation=True,
+                        max_length=max_length,
+                        return_tensors="pt",
+                        return_overflowing_tokens=False,
+                        return_length=False,
+                    )
+                    inputs = {k: v.to(transformer.device) for k, v in encoded.items()}
+                    hidden = transformer(**inputs).last_hidden_state.float().cpu().numpy()
+                    ids = encoded["input_ids"].numpy()
+                    mask = encoded["attention_mask"].numpy().astype(bool)
+                    for row, position in enumerate(positions):
+                        row_ids = ids[row][mask[row]].astype(np.int64)
+                        keep = ~skip[row_ids]
+                        vectors = _unit(hidden[row][mask[row]][keep])
+                        projected = _unit(vectors @ projection) if vectors.size else vectors[:, :0]
+                        results[position] = TokenVectors(
+                            row_ids[keep],
+                            np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
+                            truncated=bool(mask[row].all()) and len(row_ids) >= max_length,
+                        )
+            return [r for r in results if r is not None]
+
+        return run_on_encoder(self.embedder, run)
+
+
+def run_on_encoder(embedder: Embedder, task: Callable[[Any], _T]) -> _T:
+    """Run a task with the loaded sentence-transformers model on the embedder's one encode thread.
+
+    torch's thread pool is per calling thread, so every model call goes through that thread (see Embedder).
+    """
+    embedder.wait_ready()
+    return embedder._encode_thread.submit(task, embedder._model).result()
+
+
+class TokenVectorIndex:
+    """The TechniqueIndex of rag_colbert: per-chunk token vectors and the collection's token frequencies."""
+
+    name = "colbert_tokens"
+
+    def __init__(self, encoder: TokenEncoder) -> None:
+        self.encoder = encoder
+
+    def create_tables(self, connection: sqlite3.Connection) -> None:
+        """One row per chunk (vectors and ids as BLOBs), and chunk frequencies per word piece."""
+        connection.execute(
+            f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+                collection_id TEXT NOT NULL,
+                chunk_id      TEXT NOT NULL,
+                document_id   TEXT NOT NULL,
+                token_count   INTEGER NOT NULL,
+                dimension     INTEGER NOT NULL,
+                scale         REAL NOT NULL,
+                token_ids     BLOB NOT NULL,
+                vectors       BLOB NOT NULL,
+                PRIMARY KEY (collection_id, chunk_id)
+            ) WITHOUT ROWID"""
+        )
+        connection.execute(
+            f"CREATE INDEX IF NOT EXISTS {TABLE}_by_document ON {TABLE}(collection_id, document_id)"
+        )
+        connection.execute(
+            f"""CREATE TABLE IF NOT EXISTS {DF_TABLE} (
+                collection_id TEXT NOT NULL,
+                token_id      INTEGER NOT NULL,
+                chunks        INTEGER NOT NULL,
+                PRIMARY KEY (collection_id, token_id)
+            ) WITHOUT ROWID"""
+        )
+
+    def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[PreparedChunk]:
+        """Encode every chunk of the batch (title + chunk text, as embedded) and quantize it."""
+        keys = [(d.id, f"{d.id}#{c.index}") for d in documents for c in d.chunks]
+        texts = [embedding_text(d.title, c.content) for d in documents for c in d.chunks]
+        encoded = self.encoder.encode(texts)
+        id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
+        prepared = []
+        for (document_id, chunk_id), tokens in zip(keys, encoded, strict=True):
+            codes, scale = quantize(tokens.vectors)
+            prepared.append(
+                PreparedChunk(
+                    document_id,
+                    chunk_id,
+                    tokens.token_ids.astype(id_type).tobytes(),
+                    codes.tobytes(),
+                    scale,
+                    int(tokens.token_ids.shape[0]),
+                    tokens.truncated,
+                )
+            )
+        return prepared
+
+    def write(
+        self,
+        connection: sqlite3.Connection,
+        collection_id: str,
+        documents: list[DocumentInput],
+        prepared: Any,
+    ) -> None:
+        """Insert the chunks' rows and add their word pieces to the collection's chunk frequencies."""
+        rows: list[PreparedChunk] = prepared
+        connection.executemany(
+            f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    collection_id,
+                    r.chunk_id,
+                    r.document_id,
+                    r.token_count,
+                    self.encoder.dimension,
+                    r.scale,
+                    r.token_ids,
+                    r.codes,
+                )
+                for r in rows
+            ],
+        )
+        counts: Counter[int] = Counter()
+        for r in rows:
+            counts.update(np.unique(self._ids(r.token_ids)).tolist())
+        self._add_frequencies(connection, collection_id, counts, 1)
+
+    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+        """Remove a document's rows and take its word pieces out of the chunk frequencies."""
+        blobs = connection.execute(
+            f"SELECT token_ids FROM {TABLE} WHERE collection_id = ? AND document_id = ?",
+            (collection_id, document_id),
+        ).fetchall()
+        if not blobs:
+            return
+        counts: Counter[int] = Counter()
+        for (blob,) in blobs:
+            counts.update(np.unique(self._ids(blob)).tolist())
+        self._add_frequencies(connection, collection_id, counts, -1)
+        connection.execute(
+            f"DELETE FROM {TABLE} WHERE collection_id = ? AND document_id = ?", (collection_id, document_id)
+        )
+
+    def _add_frequencies(
+        self, connection: sqlite3.Connection, collection_id: str, counts: Counter[int], sign: int
+    ) -> None:
+        connection.executemany(
+            f"""INSERT INTO {DF_TABLE} VALUES (?, ?, ?)
+                ON CONFLICT (collection_id, token_id) DO UPDATE SET chunks = chunks + excluded.chunks""",
+            [(collection_id, token, sign * n) for token, n in counts.items()],
+        )
+        if sign < 0:
+            connection.execute(
+                f"DELETE FROM {DF_TABLE} WHERE collection_id = ? AND chunks <= 0", (collection_id,)
+            )
+
+    def _ids(self, blob: bytes) -> Ids:
+        id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
+        return np.frombuffer(blob, dtype=id_type).astype(np.int64)
+
+    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+        """Rows, tokens and bytes of the token store (every collection), for health details."""
+        row = connection.execute(
+            f"""SELECT COUNT(*), COUNT(DISTINCT collection_id || char(0) || document_id),
+                       COALESCE(SUM(token_count), 0),
+                       COALESCE(SUM(length(vectors) + length(token_ids) + 8), 0)
+                FROM {TABLE}"""
+        ).fetchone()
+        chunks, documents, tokens, size = (int(v) for v in row)
+        return {
+            "chunks": chunks,
+            "documents": documents,
+            "tokens": tokens,
+            "bytes": size,
+            "bytes_per_chunk": round(size / chunks, 1) if chunks else 0.0,
+            "bytes_per_token": round(size / tokens, 2) if tokens else 0.0,
+            "dimension": self.encoder.dimension,
+            "encoding": "int8 codes, one float scale per chunk, uint16 word-piece ids",
+        }
+
+    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+        """Distinct documents with token rows in the collection."""
+        row = connection.execute(
+            f"SELECT COUNT(DISTINCT document_id) FROM {TABLE} WHERE collection_id = ?", (collection_id,)
+        ).fetchone()
+        return int(row[0])
+
+    def load(
+        self, connection: sqlite3.Connection, collection_id: str, chunk_ids: list[str]
+    ) -> dict[str, ChunkTokens]:
+        """The stored token vectors of the given chunks (chunks without rows are left out)."""
+        found: dict[str, ChunkTokens] = {}
+        for start in range(0, len(chunk_ids), 500):
+            batch = chunk_ids[start : start + 500]
+            rows = connection.execute(
+                f"""SELECT chunk_id, document_id, dimension, scale, token_ids, vectors FROM {TABLE}
+                    WHERE collection_id = ? AND chunk_id IN ({",".join("?" * len(batch))})""",
+                (collection_id, *batch),
+            ).fetchall()
+            for chunk_id, document_id, dimension, scale, token_ids, vectors in rows:
+                codes = np.frombuffer(vectors, dtype=np.int8).reshape(-1, dimension)
+                found[chunk_id] = ChunkTokens(
+                    chunk_id, document_id, self._ids(token_ids), codes, float(scale)
+                )
+        return found
+
+    def frequencies(self, connection: sqlite3.Connection, collection_id: str) -> tuple[int, dict[int, int]]:
+        """How many chunks have token rows, and in how many of them each word piece occurs."""
+        total = connection.execute(
+            f"SELECT COUNT(*) FROM {TABLE} WHERE collection_id = ?", (collection_id,)
+        ).fetchone()[0]
+        rows = connection.execute(
+            f"SELECT token_id, chunks FROM {DF_TABLE} WHERE collection_id = ?", (collection_id,)
+        ).fetchall()
+        return int(total), {int(t): int(n) for t, n in rows}
+
+
+def used_count(token_count: int, ratio: float) -> int:
+    """How many of a chunk's tokens a compression ratio keeps: ceil(ratio * n), at least 1 if any."""
+    if token_count == 0:
+        return 0
+    return max(1, min(token_count, math.ceil(ratio * token_count - 1e-9)))
