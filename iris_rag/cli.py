@@ -69,6 +69,20 @@ def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
     return 0 if ingested or not (source_errors or document_errors) else 1
 
 
+def cmd_ingest_table(args: argparse.Namespace, service: RagService) -> int:
+    """Load a CSV or JSON-lines file as structured table t_<table> for rag_sqlrag (replacing it)."""
+    from iris_rag.errors import PipelineNotFoundError
+    from iris_rag.pipelines.sqlrag import SqlRagPipeline
+
+    pipeline = service.pipelines.get(SqlRagPipeline.technique)
+    if not isinstance(pipeline, SqlRagPipeline):
+        msg = "the sqlrag technique is not served, so there is nothing to query tables with"
+        raise PipelineNotFoundError(msg)
+    summary = pipeline.ingest_table_file(Path(args.path), args.table, args.collection)
+    print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
 def cmd_query(args: argparse.Namespace, service: RagService) -> int:
     """Run one technique and print the response as JSON."""
     arguments = {
@@ -85,6 +99,14 @@ def cmd_query(args: argparse.Namespace, service: RagService) -> int:
     return 0
 
 
+def cmd_reindex(args: argparse.Namespace, service: RagService) -> int:
+    """Rebuild a collection's keyword rows and technique indexes from its stored documents."""
+    service.embedder.wait_ready()
+    summary = service.reindex(args.collection)
+    print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
 def cmd_health(args: argparse.Namespace, service: RagService) -> int:
     """Print the health report; exit 1 when unhealthy (a container HEALTHCHECK)."""
     if args.quick:
@@ -97,6 +119,45 @@ def cmd_health(args: argparse.Namespace, service: RagService) -> int:
         report = service.health_check({"include_details": True})
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     return 1 if report["status"] == "unhealthy" else 0
+
+
+def cmd_eval(args: argparse.Namespace, service: RagService) -> int:
+    """Score techniques on a BEIR folder: a table on stdout, progress on stderr, the report with --out."""
+    # Imported here so that the other commands never load pytrec_eval.
+    import shlex
+
+    from iris_rag.errors import InvalidParametersError
+    from iris_rag.evaluation import harness, techniques
+    from iris_rag.evaluation.beir import load_beir
+    from iris_rag.evaluation.collection import collection_name
+    from iris_rag.evaluation.report import format_table, machine, write_report
+
+    # Like the other commands, wait for the model first: an interpreter exiting on an early error while the
+    # model still loads in the background prints a spurious traceback.
+    service.embedder.wait_ready()
+    if args.k < 1 or (args.limit_queries is not None and args.limit_queries < 1):
+        msg = "--k and --limit-queries must be at least 1"
+        raise InvalidParametersError(msg)
+    specs = techniques.resolve(args.techniques, service.pipelines, techniques.parse_params(args.params))
+    dataset = load_beir(Path(args.dataset), args.split)
+    if args.limit_queries is not None:
+        dataset = dataset.limited(args.limit_queries)
+    chunk_size = args.chunk_size or service.settings.chunk_size
+    collection = args.collection or collection_name(dataset.name, chunk_size, service.settings.chunk_overlap)
+    report = harness.evaluate(
+        service, dataset, specs, k=args.k, collection_id=collection, chunk_size=chunk_size
+    )
+    command = ["iris-rag", "eval", "--dataset", args.dataset, "--techniques", args.techniques]
+    command += ["--k", str(args.k), "--split", args.split]
+    command += ["--chunk-size", str(args.chunk_size)] if args.chunk_size else []
+    command += ["--limit-queries", str(args.limit_queries)] if args.limit_queries else []
+    command += [f"--params={item}" for item in args.params]
+    command += ["--collection", args.collection] if args.collection else []
+    report |= {"command": shlex.join(command), "machine": machine()}
+    print(format_table(report["techniques"]))
+    if args.out:
+        write_report(Path(args.out), report)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--title-column", default="title", help="CSV column holding the title")
     ingest.set_defaults(handler=cmd_ingest)
 
+    ingest_table = commands.add_parser(
+        "ingest-table", help="load a .csv/.tsv or .jsonl file as a structured table for rag_sqlrag"
+    )
+    ingest_table.add_argument("path")
+    ingest_table.add_argument(
+        "--table", required=True, help="table name, queried as t_<table>; ingesting it again replaces it"
+    )
+    ingest_table.add_argument(
+        "--collection", default=None, help="collection the table belongs to (default: shared by all)"
+    )
+    ingest_table.set_defaults(handler=cmd_ingest_table)
+
     query = commands.add_parser("query", help="ask a question with one technique")
     query.add_argument("query")
     query.add_argument("--technique", default="basic")
@@ -127,9 +200,37 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--answer-only", action="store_true", help="print only the answer text")
     query.set_defaults(handler=cmd_query)
 
+    reindex = commands.add_parser(
+        "reindex", help="rebuild a collection's indexes (after an upgrade adds one)"
+    )
+    reindex.add_argument("--collection", required=True)
+    reindex.set_defaults(handler=cmd_reindex)
+
     health = commands.add_parser("health", help="check the store and the model; exit 1 when unhealthy")
     health.add_argument("--quick", action="store_true", help="skip loading the model (for container checks)")
     health.set_defaults(handler=cmd_health)
+
+    evaluate = commands.add_parser("eval", help="score techniques on a BEIR folder (nDCG@10, recall, MRR@10)")
+    evaluate.add_argument("--dataset", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/")
+    evaluate.add_argument("--techniques", default="basic", help="comma-separated names, or all")
+    evaluate.add_argument("--k", type=int, default=100, help="documents ranked per query")
+    evaluate.add_argument("--out", default=None, help="write the report as JSON here")
+    evaluate.add_argument(
+        "--split", default="test", help="qrels/<split>.tsv (train for tuning, test to report)"
+    )
+    evaluate.add_argument(
+        "--chunk-size", type=int, default=None, help="characters per chunk (default CHUNK_SIZE)"
+    )
+    evaluate.add_argument("--limit-queries", type=int, default=None, help="only the first N queries")
+    evaluate.add_argument(
+        "--params",
+        action="append",
+        default=[],
+        metavar="TECHNIQUE=JSON",
+        help="technique_params for one technique, e.g. hybrid_ifind='{\"vector_weight\":0.6}' (repeatable)",
+    )
+    evaluate.add_argument("--collection", default=None, help="collection to use (default eval-<folder>)")
+    evaluate.set_defaults(handler=cmd_eval)
     return parser
 
 

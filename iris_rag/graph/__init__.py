@@ -1,0 +1,1 @@
+"""Knowledge-graph building blocks: entity and relation extraction (rules or an LLM)."""
