@@ -29,6 +29,19 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+def _served(settings: Settings, tools: dict[str, str]) -> set[str]:
+    """The techniques to serve: RAG_TECHNIQUES, or every one with a pipeline and a tool schema."""
+    available = {name for name in PIPELINES if name in tools}
+    wanted = settings.served_techniques
+    if wanted is None:
+        return available
+    unknown = sorted(set(wanted) - available)
+    if unknown:
+        msg = f"RAG_TECHNIQUES names unknown techniques {unknown}; available: {', '.join(sorted(available))}"
+        raise ValueError(msg)
+    return set(wanted)
+
+
 class RagService:
     """Everything the worker (and the CLI, and the benchmarks) call, one method per bridge method."""
 
@@ -54,9 +67,8 @@ class RagService:
             for spec in tool_specs()
             if "technique" not in spec["bridge"]
         }
-        self.pipelines = {
-            name: cls(context) for name, cls in PIPELINES.items() if name in self._tool_by_technique
-        }
+        served = _served(settings, self._tool_by_technique)
+        self.pipelines = {name: cls(context) for name, cls in PIPELINES.items() if name in served}
         indexes = [i for p in self.pipelines.values() if (i := p.technique_index()) is not None]
         for index in indexes:
             self.store.register_index(index)

@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     llm_timeout_s: float = Field(30.0, gt=0, validation_alias="LLM_TIMEOUT_S")
     llm_max_retries: int = Field(2, ge=0, le=10, validation_alias="LLM_MAX_RETRIES")
 
+    # Techniques
+    techniques: str = Field(
+        "all",
+        validation_alias="RAG_TECHNIQUES",
+        description="Comma-separated techniques to serve, or all; only these build ingest-time indexes.",
+    )
+
     # Worker
     worker_threads: int = Field(4, ge=1, le=64, validation_alias="WORKER_THREADS")
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
@@ -59,6 +66,12 @@ class Settings(BaseSettings):
     def database_path(self) -> Path:
         """The embedded store's SQLite file."""
         return self.data_dir / "iris_rag.sqlite3"
+
+    @property
+    def served_techniques(self) -> list[str] | None:
+        """The techniques RAG_TECHNIQUES names, or None for all of them."""
+        names = [name.strip() for name in self.techniques.split(",") if name.strip()]
+        return None if not names or "all" in names else names
 
     @property
     def generator_name(self) -> str:

@@ -3,7 +3,9 @@
 import pytest
 
 from iris_rag.errors import DocumentNotFoundError
+from iris_rag.models.embedder import Embedder
 from iris_rag.service import RagService
+from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS, ask
 
 
@@ -78,3 +80,22 @@ def test_reindex_rebuilds_without_re_embedding(loaded_service: RagService) -> No
     assert summary["embeddings_reused"] == summary["chunks"] == 3
     assert loaded_service.stale_indexes("docs") == []
     assert ask(loaded_service, "lava")["retrieved_documents"][0]["id"] == "volcano"
+
+
+def test_rag_techniques_limits_tools_and_ingest_indexes(settings: Settings, embedder: Embedder) -> None:
+    every = RagService(settings, embedder=embedder)
+    try:
+        assert {"colbert", "noderag", "graphrag"} <= set(every.pipelines)
+        every_indexes = len(every.ingestor.technique_indexes)
+    finally:
+        every.close()
+    narrow = RagService(settings.model_copy(update={"techniques": "basic, hybrid_ifind"}), embedder=embedder)
+    try:
+        assert set(narrow.pipelines) == {"basic", "hybrid_ifind"}
+        assert {t["name"] for t in narrow.describe()["tools"]} >= {"rag_basic", "rag_hybrid_ifind"}
+        assert "rag_colbert" not in {t["name"] for t in narrow.describe()["tools"]}
+        assert len(narrow.ingestor.technique_indexes) < every_indexes
+    finally:
+        narrow.close()
+    with pytest.raises(ValueError, match="unknown techniques \\['colbret'\\]"):
+        RagService(settings.model_copy(update={"techniques": "basic,colbret"}), embedder=embedder)
