@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 
 from tqdm import tqdm
 
@@ -27,9 +28,19 @@ def collection_name(dataset: str, chunk_size: int, chunk_overlap: int) -> str:
 
 
 def ensure_collection(
-    service: RagService, dataset: BeirDataset, collection_id: str, *, chunk_size: int, progress: bool = True
+    service: RagService,
+    dataset: BeirDataset,
+    collection_id: str,
+    *,
+    chunk_size: int,
+    progress: bool = True,
+    techniques: Sequence[str] = (),
 ) -> int:
-    """Ingest the corpus documents the collection lacks (all of them the first time); return how many."""
+    """Ingest the corpus documents the collection lacks (all of them the first time); return how many.
+
+    When an evaluated technique's index does not cover the collection (it was built while that technique
+    was not served), the whole corpus is ingested again: cached embeddings make that cost only the index.
+    """
     store = service.store
     collection = store.get_collection(collection_id)
     missing = (
@@ -45,6 +56,10 @@ def ensure_collection(
             "pass another --collection"
         )
         raise InvalidParametersError(msg)
+    stale = sorted(set(service.stale_indexes(collection_id)) & set(techniques)) if collection else []
+    if stale:
+        print(f"eval: building the {', '.join(stale)} index for {collection_id}", file=sys.stderr)
+        missing = dataset.corpus
     if not missing:
         return 0
     service.embedder.wait_ready()

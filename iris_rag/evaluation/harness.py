@@ -132,7 +132,14 @@ def evaluate(
     """Ingest the corpus if needed, run each technique over every query, and return the report."""
     for spec in specs:
         validate_params(service, spec)  # a typo in --params fails now, not after a long ingest
-    ingested = ensure_collection(service, dataset, collection_id, chunk_size=chunk_size, progress=progress)
+    ingested = ensure_collection(
+        service,
+        dataset,
+        collection_id,
+        chunk_size=chunk_size,
+        progress=progress,
+        techniques=[spec.base for spec in specs],
+    )
     service.embedder.wait_ready()
     techniques = {
         spec.name: summarize(

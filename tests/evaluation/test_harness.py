@@ -12,8 +12,10 @@ from iris_rag.cli import build_parser, cmd_eval
 from iris_rag.errors import InvalidParametersError, PipelineNotFoundError
 from iris_rag.evaluation.collection import collection_name
 from iris_rag.evaluation.harness import document_ranking, rank
+from iris_rag.models.embedder import Embedder
 from iris_rag.pipelines.base import NoParams, Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.service import RagService
+from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, StoredChunk
 from tests.conftest import DOCUMENTS
 from tests.evaluation.conftest import write_beir
@@ -153,3 +155,22 @@ def test_unknown_technique_fails_before_any_work(service: RagService, obvious: P
     with pytest.raises(InvalidParametersError, match="invalid parameters for basic"):
         cmd_eval(eval_args(obvious, "--params", 'basic={"alpha": 1}'), service)
     assert service.store.get_collection("eval-obvious") is None
+
+
+def test_an_index_missing_from_the_collection_is_built_before_its_technique_runs(
+    settings: Settings, embedder: Embedder, obvious: Path, tmp_path: Path
+) -> None:
+    narrow = RagService(settings.model_copy(update={"techniques": "basic"}), embedder=embedder)
+    try:
+        assert cmd_eval(eval_args(obvious, "--techniques", "basic"), narrow) == 0
+    finally:
+        narrow.close()
+    full = RagService(settings, embedder=embedder)
+    try:
+        assert "colbert" in full.stale_indexes("eval-obvious")
+        out = tmp_path / "colbert.json"
+        assert cmd_eval(eval_args(obvious, "--techniques", "colbert", "--out", str(out)), full) == 0
+        assert full.stale_indexes("eval-obvious") == []
+        assert json.loads(out.read_text(encoding="utf-8"))["techniques"]["colbert"]["ndcg@10"] == 1.0
+    finally:
+        full.close()
