@@ -1,17 +1,25 @@
-"""rag_crag on a real store and model: evaluator, verdicts, the three corrections, LLM rewrite, web search."""
+"""rag_crag on a real store and model: evaluator, verdicts, the three corrections, LLM rewrite, web search.
 
+The only test doubles are FakeOpenAIServer (a hosted OpenAI-compatible LLM cannot run here; it speaks the
+real HTTP API on loopback) and LocalCorpusSearch (no web-search provider ships, by design).
+"""
+
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from bench import calibrate_crag
 from iris_rag.errors import InvalidParametersError
 from iris_rag.models.embedder import Embedder
 from iris_rag.pipelines.crag import (
     EVALUATOR_INTERCEPT,
     EVALUATOR_WEIGHTS,
     REWRITE_PROMPT,
+    CragParams,
     WebResult,
     WeightedQuery,
     calibrated_confidence,
@@ -23,6 +31,7 @@ from iris_rag.pipelines.crag import (
     unregister_search_provider,
 )
 from iris_rag.pipelines.llm_helper import first_line, strip_label
+from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.stores.base import StoredChunk
@@ -154,6 +163,87 @@ def test_evaluator_features_and_logistic_model() -> None:
     assert all(weight > 0 for weight in EVALUATOR_WEIGHTS.values())
 
 
+def test_schema_and_parameter_model_agree() -> None:
+    """The tool's JSON Schema (what MCP clients see and the worker validates) matches CragParams."""
+    spec = tool_spec("rag_crag")
+    assert spec is not None
+    schema = spec["inputSchema"]["properties"]["technique_params"]
+    assert schema["additionalProperties"] is False
+    model = CragParams.model_json_schema()["properties"]
+    assert set(schema["properties"]) == set(model) == set(CragParams.model_fields)
+    for name, declared in schema["properties"].items():
+        expected = next((b for b in model[name].get("anyOf", []) if b.get("type") != "null"), model[name])
+        for key in ("type", "minimum", "maximum", "enum", "pattern"):
+            assert declared.get(key) == expected.get(key), (name, key)
+        assert declared.get("default") == model[name].get("default"), name
+    # The issue's ranges and defaults.
+    properties = schema["properties"]
+    assert properties["confidence_threshold"] | {"description": ""} == {
+        "type": "number",
+        "minimum": 0,
+        "maximum": 1,
+        "default": 0.8,
+        "description": "",
+    }
+    assert properties["correction_strategy"]["enum"] == ["rewrite", "expand", "filter"]
+    assert properties["correction_strategy"]["default"] == "rewrite"
+    assert properties["enable_web_search"]["default"] is False
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"confidence_threshold": 1.01},
+        {"confidence_threshold": -0.1},
+        {"correction_strategy": "rerank"},
+        {"enable_web_search": "yes"},
+        {"strip_threshold": 2},
+        {"web_search_provider": "bad name"},
+        {"unknown": 1},
+    ],
+)
+def test_out_of_range_parameters_are_invalid(service: RagService, params: dict[str, Any]) -> None:
+    # Rejected before any collection is looked up (the schema, then the parameter model).
+    with pytest.raises(InvalidParametersError):
+        crag(service, "aspirin", params)
+
+
+def test_defaults_correct_below_0_8(crag_service: RagService) -> None:
+    # Confidences on this corpus: about 0.88 for the first query, 0.70 for the second (vague) one.
+    confident = crag(crag_service, "things that move slowly")
+    doubtful = crag(crag_service, "what is dangerous?")
+    for result in (confident, doubtful):
+        spec = specific(result)
+        assert spec["confidence_threshold"] == 0.8 and spec["incorrect_threshold"] == 0.4
+        assert spec["correction_strategy"] == "rewrite"
+        assert spec["web_search"] == {"enabled": False, "called": False}
+    assert specific(confident)["initial_confidence"] >= 0.8
+    assert specific(confident)["verdict"] == "correct" and specific(confident)["action"] == "none"
+    assert 0.4 <= specific(doubtful)["initial_confidence"] < 0.8
+    assert specific(doubtful)["verdict"] == "ambiguous" and specific(doubtful)["action"] == "rewrite"
+    assert specific(doubtful)["rewritten_query"] == "dangerous"
+    lowered = crag(crag_service, "what is dangerous?", {"confidence_threshold": 0.6})
+    assert specific(lowered)["verdict"] == "correct" and specific(lowered)["action"] == "none"
+
+
+def test_calibration_refuses_the_test_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["calibrate_crag", "--dataset", "unused", "--split", "test"])
+    with pytest.raises(SystemExit) as exit_info:
+        calibrate_crag.main()
+    assert exit_info.value.code == 2
+
+
+def test_calibration_fit_recovers_a_known_logistic_model() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5000, 2))
+    true = np.array([-0.5, 2.0, -1.0])
+    y = (rng.random(5000) < 1 / (1 + np.exp(-(true[0] + x @ true[1:])))).astype(np.float64)
+    weights = calibrate_crag.fit_logistic(x, y)
+    assert np.allclose(weights, true, atol=0.15)
+    assert calibrate_crag.auc(calibrate_crag.predict(weights, x), y) > 0.75
+    assert calibrate_crag.auc(-x[:, 0], y) < 0.5
+
+
 def test_confidence_threshold_decides_whether_to_correct(crag_service: RagService) -> None:
     query = "bread dough lava"
     kept = crag(crag_service, query, ALWAYS_CORRECT, top_k=5)
@@ -196,6 +286,23 @@ def test_incorrect_threshold_drops_the_first_pass(crag_service: RagService) -> N
         crag(crag_service, query, {"confidence_threshold": 0.3, "incorrect_threshold": 0.5})
 
 
+@pytest.mark.parametrize("strategy", ["rewrite", "expand", "filter"])
+def test_corrections_report_their_final_confidence(crag_service: RagService, strategy: str) -> None:
+    query = "what lowers the risk"
+    result = crag(crag_service, query, {**INCORRECT, "correction_strategy": strategy}, top_k=5)
+    spec = specific(result)
+    assert spec["action"] == strategy
+    final = spec["final_confidence"]
+    assert 0 <= final <= 1
+    assert final == pytest.approx(calibrated_confidence(spec["final_evaluator_features"]), abs=1e-5)
+    if strategy != "expand":  # expand keeps the first pass's order on this query
+        # rewrite puts the expedition first, filter drops chunks: the evaluator is re-run over the
+        # corrected ranking, not copied from the first pass.
+        assert ids(result) != ids(crag(crag_service, query, ALWAYS_CORRECT, top_k=5))
+        assert spec["final_evaluator_features"] != spec["evaluator"]["features"]
+        assert final != spec["initial_confidence"]
+
+
 def test_rewrite_without_llm_is_a_keyword_reformulation(crag_service: RagService) -> None:
     result = crag(crag_service, "What does aspirin do to the stomach?", INCORRECT)
     spec = specific(result)
@@ -203,7 +310,7 @@ def test_rewrite_without_llm_is_a_keyword_reformulation(crag_service: RagService
     assert "llm_error" not in spec
     # Stopwords dropped; terms ordered by specificity; the rarest weigh double.
     assert set(spec["rewritten_query"].split()) == {"aspirin", "stomach"}
-    assert spec["keyword_query"] == {"aspirin": 2, "stomach": 2} or max(spec["keyword_query"].values()) == 2
+    assert spec["keyword_query"] == {"aspirin": 2, "stomach": 2}
     assert {"aspirin", "ulcer"} <= set(ids(result))
 
 
@@ -332,23 +439,41 @@ def _llm_service(tmp_path: Path, embedder: Embedder, server: FakeOpenAIServer) -
 
 
 def test_llm_rewrite(tmp_path: Path, embedder: Embedder) -> None:
+    # FakeOpenAIServer is the test double for the configured OpenAI-compatible LLM.
     server = FakeOpenAIServer(reply="Rewritten query: sourdough bread fermentation with wild yeast\n")
     service = _llm_service(tmp_path, embedder, server)
+    query = "what is dangerous?"
     try:
-        result = crag(service, "what makes it rise?", INCORRECT, top_k=3)
+        kept = crag(service, query, ALWAYS_CORRECT, top_k=3)
+        incorrect = crag(service, query, INCORRECT, top_k=3)
+        ambiguous = crag(service, query, AMBIGUOUS, top_k=5)
     finally:
         service.close()
         server.close()
-    spec = specific(result)
+    # (Ingest asked the same server for graph extraction; the rewrite is the request with our prompt.)
+    rewrites = [r["body"] for r in server.requests if r["body"]["messages"][0]["content"] == REWRITE_PROMPT]
+    assert len(rewrites) == 2, "a correct verdict asks nothing; each correction asks once"
+    assert rewrites[0]["model"] == "fake-model"
+    assert rewrites[0]["messages"][1]["content"] == "Query: what is dangerous?"
+    assert rewrites[0]["temperature"] == 0.0 and rewrites[0]["max_tokens"] == 96
+
+    assert ids(kept)[0] == "aspirin", "dense search alone does not find the bread"
+    spec = specific(incorrect)
     assert spec["rewrite_source"] == "llm"
     assert spec["rewritten_query"] == "sourdough bread fermentation with wild yeast"
     assert spec["leg_weights"] == {"corrected_dense": 0.5, "corrected_keyword": 0.5}
-    assert ids(result)[0] == "sourdough"
-    # (Ingest asked the same server for graph extraction; the rewrite is the request with our prompt.)
-    rewrites = [r["body"] for r in server.requests if r["body"]["messages"][0]["content"] == REWRITE_PROMPT]
-    assert len(rewrites) == 1
-    assert rewrites[0]["model"] == "fake-model"
-    assert rewrites[0]["messages"][1]["content"] == "Query: what makes it rise?"
+    assert ids(incorrect)[0] == "sourdough", "the rewrite's own dense and keyword legs lead"
+
+    # Ambiguous: the first pass keeps half the weight, next to the rewrite's own dense and keyword legs.
+    weights = specific(ambiguous)["leg_weights"]
+    assert weights == {"first_pass": 0.5, "corrected_dense": 0.25, "corrected_keyword": 0.25}
+    for document in ambiguous["retrieved_documents"]:
+        details = document["score_details"]
+        assert details["fused_score"] == pytest.approx(
+            sum(weight * details[f"{leg}_norm"] for leg, weight in weights.items()), abs=1e-5
+        )
+    first_pass_top = next(d for d in ambiguous["retrieved_documents"] if d["id"] == "aspirin")
+    assert first_pass_top["score_details"]["first_pass_rank"] == 1
 
 
 def test_llm_reply_cleaning() -> None:
@@ -380,6 +505,13 @@ def test_web_search_without_provider_is_invalid(crag_service: RagService) -> Non
     with pytest.raises(InvalidParametersError, match="no web-search provider is registered") as error:
         crag(crag_service, "glaciers", {"enable_web_search": True, **ALWAYS_CORRECT})
     assert error.value.code == "INVALID_PARAMETERS"
+
+
+def test_web_search_is_off_by_default(crag_service: RagService, web_provider: LocalCorpusSearch) -> None:
+    result = crag(crag_service, "glaciers valleys", INCORRECT, top_k=3)
+    assert web_provider.calls == []
+    assert specific(result)["web_search"] == {"enabled": False, "called": False}
+    assert all(d["metadata"].get("origin") != "web" for d in result["retrieved_documents"])
 
 
 def test_registered_provider_is_called_when_confidence_is_low(

@@ -1,4 +1,8 @@
-"""rag_hyde on a real store and model: PRF pseudo-document, LLM hypothesis, every parameter, filters."""
+"""rag_hyde on a real store and model: PRF pseudo-document, LLM hypothesis, every parameter, filters.
+
+The only test double is FakeOpenAIServer: a hosted OpenAI-compatible LLM cannot run here, so a loopback
+server that speaks the real HTTP API stands in for it.
+"""
 
 import math
 from collections.abc import Iterator
@@ -9,7 +13,8 @@ import pytest
 
 from iris_rag.errors import InvalidParametersError
 from iris_rag.models.embedder import Embedder
-from iris_rag.pipelines.hyde import HYPOTHESIS_PROMPT, SEGMENT_TOKENS, combined_vector
+from iris_rag.pipelines.hyde import HYPOTHESIS_PROMPT, SEGMENT_TOKENS, HydeParams, combined_vector
+from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS
@@ -74,6 +79,47 @@ def basic(service: RagService, query: str, **options: Any) -> dict[str, Any]:
     )
 
 
+def test_schema_and_parameter_model_agree() -> None:
+    """The tool's JSON Schema (what MCP clients see and the worker validates) matches HydeParams."""
+    spec = tool_spec("rag_hyde")
+    assert spec is not None
+    schema = spec["inputSchema"]["properties"]["technique_params"]
+    assert schema["additionalProperties"] is False
+    model = HydeParams.model_json_schema()["properties"]
+    assert set(schema["properties"]) == set(model) == set(HydeParams.model_fields)
+    for name, declared in schema["properties"].items():
+        for key in ("type", "minimum", "maximum", "enum", "default"):
+            assert declared.get(key) == model[name].get(key), (name, key)
+    # The issue's ranges and defaults.
+    properties = schema["properties"]
+    assert properties["generate_hypothetical"]["default"] is True
+    assert (properties["hypothesis_length"]["minimum"], properties["hypothesis_length"]["maximum"]) == (
+        50,
+        500,
+    )
+    assert properties["hypothesis_length"]["default"] == 200
+    assert properties["combine_strategy"]["enum"] == ["replace", "combine", "weighted"]
+    assert properties["combine_strategy"]["default"] == "replace"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"hypothesis_length": 49},
+        {"hypothesis_length": 501},
+        {"combine_strategy": "max"},
+        {"hypothesis_weight": 1.5},
+        {"prf_depth": 0},
+        {"generate_hypothetical": "no"},
+        {"unknown": 1},
+    ],
+)
+def test_out_of_range_parameters_are_invalid(service: RagService, params: dict[str, Any]) -> None:
+    # Rejected before any collection is looked up (the schema, then the parameter model).
+    with pytest.raises(InvalidParametersError):
+        hyde(service, "stomach bleeding", params)
+
+
 def test_without_hypothesis_it_is_plain_dense_search(hyde_service: RagService) -> None:
     result = hyde(hyde_service, "heart attack prevention", {"generate_hypothetical": False}, top_k=5)
     spec = specific(result)
@@ -95,7 +141,7 @@ def test_prf_pseudo_document_without_llm(hyde_service: RagService) -> None:
     assert spec["hypothesis"].startswith(
         ("Daily low-dose aspirin", "Lower cholesterol means fewer heart attacks")
     )
-    assert 0 < spec["hypothesis_tokens"] <= 200
+    assert 0 < spec["hypothesis_tokens"] <= 200 and spec["hypothesis_length"] == 200
     assert spec["prf_sentences_used"] <= spec["prf_sentences"]
     # replace: the hypothesis embedding alone ranks, so the score is the cosine to the hypothesis.
     for document in result["retrieved_documents"]:
@@ -209,19 +255,35 @@ def _hypothesis_requests(server: FakeOpenAIServer) -> list[dict[str, Any]]:
 
 def test_llm_writes_the_hypothesis(llm_service: tuple[RagService, FakeOpenAIServer]) -> None:
     service, server = llm_service
-    # The query says nothing about volcanoes; the LLM's passage does, and the search follows it.
-    result = hyde(service, "What flows for kilometres?", {"hypothesis_length": 100}, top_k=3)
+    # The query says nothing about volcanoes and dense search alone ranks the aspirin text first; the
+    # LLM's passage is about lava, and the search follows it.
+    query = "what is dangerous?"
+    assert ids(basic(service, query, top_k=3))[0] != "volcano"
+    result = hyde(service, query, {"hypothesis_length": 100}, top_k=3)
     spec = specific(result)
-    assert spec["hypothesis_source"] == "llm"
+    assert spec["hypothesis_source"] == "llm" and "llm_error" not in spec
     assert spec["hypothesis"].startswith("Finding 1: basaltic volcanoes")  # label stripped
-    assert spec["hypothesis_tokens"] <= 100 and spec["hypothesis_segments"] == 1
+    assert LONG_REPLY.startswith(spec["hypothesis"]), "cut at a sentence boundary of the LLM's text"
+    assert 0 < spec["hypothesis_tokens"] <= 100 and spec["hypothesis_segments"] == 1
     assert "prf_documents" not in spec
     assert ids(result)[0] == "volcano"
+    for document in result["retrieved_documents"]:  # replace: the hypothesis embedding alone ranks
+        assert document["similarity_score"] == pytest.approx(
+            document["score_details"]["hypothesis_cosine"], abs=1e-5
+        )
     (request,) = _hypothesis_requests(server)
     assert request["model"] == "fake-model"
     assert request["max_tokens"] == 125
-    assert "What flows for kilometres?" in request["messages"][1]["content"]
+    assert query in request["messages"][1]["content"]
     assert "about 75 words" in request["messages"][1]["content"]
+
+
+def test_no_hypothesis_asks_the_llm_nothing(llm_service: tuple[RagService, FakeOpenAIServer]) -> None:
+    service, server = llm_service
+    result = hyde(service, "what is dangerous?", {"generate_hypothetical": False})
+    assert specific(result)["hypothesis_source"] == "none"
+    assert _hypothesis_requests(server) == []
+    assert ids(result) == ids(basic(service, "what is dangerous?"))
 
 
 def test_long_hypotheses_are_embedded_in_segments(llm_service: tuple[RagService, FakeOpenAIServer]) -> None:
