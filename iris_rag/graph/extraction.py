@@ -73,7 +73,7 @@ STOPWORDS = _words(
     collectively conversely alternatively similarly likewise meanwhile thereafter herein otherwise perhaps
     probably possibly approximately nearly roughly here yes despite later earlier now still where along
     none past prior best january february march april may june july august september october november
-    december"""
+    december and/or"""
 )
 
 # Section headings of structured abstracts (BACKGROUND, METHODS AND RESULTS, ...): never entities.
@@ -155,9 +155,19 @@ COMMON = _words(
 NON_ENTITY_ABBREVIATIONS = _words(
     """CI OR HR RR SD SE SEM IQR AUC ROC NS US UK USA EU II III IV VI VII VIII IX XI XII AM PM vs"""
 )
-_UNIT = re.compile(
-    r"^(?:[μu]?[mnpfk]?(?:g|l|m|mol|M|L|s|Hz|Gy|Da|Pa)|mg/kg|mg/dl|g/dl|mmHg|bpm|kDa|ms|min|wk|yr)$"
-)
+
+
+def _non_entity_abbreviation(word: str) -> bool:
+    """A statistics or reporting abbreviation, in the singular or plural (CI, CIs, OR, ORs)."""
+    return word in NON_ENTITY_ABBREVIATIONS or (
+        len(word) > 2 and word.endswith("s") and word[:-1] in NON_ENTITY_ABBREVIATIONS
+    )
+
+
+_UNIT_BASE = "[\u03bc\u00b5u]?[mnpfkc]?(?:g|l|m|mol|M|L|s|Hz|Gy|Da|Pa)"
+# A unit alone, or a compound of units (mg/d, nmol/L, cells/\u00b5l, mL/min, kg/m2, mg/m2/wk).
+_UNIT_PART = f"(?:{_UNIT_BASE}|micro(?:g|l|L|mol|M)|dl|dL|kDa|IU|U|cells|sec|min|h|hr|d|day|wk|yr|m2)"
+_UNIT = re.compile(f"^(?:{_UNIT_BASE}|mmHg|bpm|kDa|ms|min|wk|yr|{_UNIT_PART}(?:/{_UNIT_PART})+)$")
 _NUMBER = re.compile("^[\\d.,:/x\u00d7+-]+%?$")
 _ROMAN = re.compile(r"^[IVXL]+$")
 # A word: letters and digits, joined by inner hyphens, slashes or a dot between digits; "'s" and a trailing
@@ -248,7 +258,7 @@ def is_gene_like(word: str) -> bool:
     if word.islower() and word.isascii() and word.isalpha():
         return False  # the common case: a plain lowercase word
     bare = word.removesuffix("'s").rstrip("+")
-    if len(bare) < 2 or bare in NON_ENTITY_ABBREVIATIONS or _ROMAN.match(bare) or _UNIT.match(bare):
+    if len(bare) < 2 or _non_entity_abbreviation(bare) or _ROMAN.match(bare) or _UNIT.match(bare):
         return False
     if bare.isupper() and bare.isalpha() and _is_plain_word(bare.lower()):
         return False  # RESULTS, AND, CONCLUSIONS: headings and shouting, not names
@@ -334,7 +344,7 @@ def _is_short_form(candidate: str) -> bool:
     words = candidate.split()
     if not 2 <= len(candidate) <= 10 or len(words) > 2 or not candidate[0].isalnum():
         return False
-    if not any(c.isalpha() for c in candidate) or candidate in NON_ENTITY_ABBREVIATIONS:
+    if not any(c.isalpha() for c in candidate) or _non_entity_abbreviation(candidate):
         return False
     return any(c.isupper() for c in candidate) or any(c.lower() in GREEK for c in candidate)
 
@@ -538,7 +548,7 @@ class RuleExtractor:
         lower = token.lower.removesuffix("'s")
         if _NUMBER.match(word) or lower in STOPWORDS or _UNIT.match(word):
             return True
-        if len(lower) < 2 or word in NON_ENTITY_ABBREVIATIONS:
+        if len(lower) < 2 or _non_entity_abbreviation(word):
             return True
         capitalised_inside = word[:1].isupper() and token.index > 0
         if capitalised_inside:

@@ -56,7 +56,20 @@ def test_gene_and_chemical_like_tokens() -> None:
         "NF-\u03baB",
     ]:
         assert is_gene_like(token), token
-    for token in ["patients", "24h", "10mg", "CI", "III", "RESULTS", "AND", "The", "mg/kg", "3-fold"]:
+    for token in [
+        "patients",
+        "24h",
+        "10mg",
+        "CI",
+        "CIs",
+        "ORs",
+        "III",
+        "RESULTS",
+        "AND",
+        "The",
+        "mg/kg",
+        "3-fold",
+    ]:
         assert not is_gene_like(token), token
 
 
@@ -66,6 +79,8 @@ def test_schwartz_hearst_abbreviations_both_ways() -> None:
     assert pairs == [("TNF", "tumor necrosis factor"), ("IL-6", "interleukin 6")]
     # A parenthesis that is not an abbreviation defines nothing.
     assert find_abbreviations("Patients (n = 17) were treated (see below).") == []
+    # Statistics abbreviations define nothing, in the plural either.
+    assert find_abbreviations("Odds ratios (ORs) with 95% confidence intervals (CIs) were computed.") == []
 
 
 def test_an_abbreviation_and_its_expansion_are_one_entity() -> None:
@@ -79,6 +94,25 @@ def test_an_abbreviation_and_its_expansion_are_one_entity() -> None:
     assert {"brca1", "p53", "breast cancer cell"} <= set(mentions)
     # Generic words and verbs are never entities.
     assert not {"level", "later", "fell", "unchanged", "were"} & set(mentions)
+
+
+def test_names_and_multi_word_terms() -> None:
+    text = "Amyloid plaques in Alzheimer's disease were studied in Drosophila by John Smith."
+    kinds = {(m.key, m.type) for m in RuleExtractor().extract("", text).mentions}
+    assert kinds == {
+        ("amyloid plaque", "term"),
+        ("alzheimer disease", "name"),
+        ("drosophila", "name"),
+        ("john smith", "name"),
+    }
+    # A term runs between function words, verbs and punctuation, at most four words, without leading
+    # generic modifiers.
+    mentions = _mentions("Several novel serum biomarkers significantly increased serum IL-6 levels.")
+    assert {"serum biomarker", "serum il6 level", "il6"} <= set(mentions)
+    assert not {"several novel serum biomarker", "novel serum biomarker"} & set(mentions)
+    # Units, compound ones included, and "and/or" end a term and are never entities.
+    mentions = _mentions("Folic acid at 5 mg/d lowered homocysteine (12 micromol/L) and/or cholesterol.")
+    assert set(mentions) == {"folic acid", "homocysteine", "cholesterol"}
 
 
 def test_relations_are_sentence_co_occurrences_weighted_by_count() -> None:

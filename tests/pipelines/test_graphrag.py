@@ -1,11 +1,15 @@
 """rag_graphrag on a real store and model: a two-hop answer, every parameter, filters, explore."""
 
+import math
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 
 from iris_rag.errors import InvalidParametersError
+from iris_rag.indexes.knowledge_graph import EntityRow, EntityTable
+from iris_rag.pipelines.graphrag import link_entities
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from tests.conftest import DOCUMENTS
@@ -136,6 +140,112 @@ def test_entity_threshold_decides_fuzzy_and_embedding_links(graph_service: RagSe
     exact = graphrag(graph_service, params={"entity_threshold": 1.0})
     assert exact["metadata"]["technique_specific"]["linked_entity_count"] >= 1
 
+    # No name of the graph is spelt like "liver cells": only the embedding of the name hepatocytes is close
+    # (cosine about 0.78 with all-MiniLM-L6-v2).
+    synonym = "What happens in liver cells?"
+    close = graphrag(graph_service, synonym, {"entity_threshold": 0.7})
+    linked = close["metadata"]["technique_specific"]["entity_context"]["linked_entities"]
+    hepatocytes = next(e for e in linked if e["name"] == "hepatocytes")
+    assert hepatocytes["match"] == "embedding" and 0.7 <= hepatocytes["confidence"] < 0.9
+    far = graphrag(graph_service, synonym, {"entity_threshold": 0.9})
+    linked = far["metadata"]["technique_specific"]["entity_context"]["linked_entities"]
+    assert all(e["name"] != "hepatocytes" for e in linked)
+
+
+def _table(names: list[tuple[str, str]], vectors: np.ndarray, aliases: dict[str, list[int]]) -> EntityTable:
+    rows = [EntityRow(i + 1, key, name, "term", 1, 1) for i, (key, name) in enumerate(names)]
+    return EntityTable(
+        version=1,
+        documents=10,
+        rows=rows,
+        row_of_id={r.id: i for i, r in enumerate(rows)},
+        id_of_key={r.key: r.id for r in rows},
+        ids_of_alias=aliases,
+        keys=[r.key for r in rows],
+        vector_rows=np.arange(len(rows), dtype=np.int64),
+        vectors=vectors.astype(np.float32),
+    )
+
+
+def test_each_link_method_and_the_threshold_it_obeys() -> None:
+    names = [("metformin", "metformin"), ("tumor necrosis factor", "tumor necrosis factor")]
+    names += [("brca2", "BRCA2"), ("hepatocyte", "hepatocytes")]
+    # Entity i's name vector is the unit vector e_i; a phrase's vector is chosen per case below.
+    table = _table(names, np.eye(4, 5), {"tnf": [2]})
+
+    def link(phrase: str, vector: list[float], threshold: float) -> list[tuple[str, str, float]]:
+        found = link_entities([phrase], np.array([vector], dtype=np.float32), table, threshold)
+        return [(e.entity.name, e.method, round(e.confidence, 4)) for e in found]
+
+    nowhere = [0.0, 0.0, 0.0, 0.0, 1.0]  # orthogonal to every name: no embedding link
+    # Exact names and defined abbreviations are certain, at any threshold.
+    assert link("Metformin", nowhere, 1.0) == [("metformin", "exact", 1.0)]
+    assert link("TNF", nowhere, 1.0) == [("tumor necrosis factor", "alias", 1.0)]
+    # Fuzzy: edit similarity of the keys (0.8889 for one transposition) against the threshold.
+    assert link("metfromin", nowhere, 0.7) == [("metformin", "fuzzy", 0.8889)]
+    assert link("metfromin", nowhere, 0.9) == []
+    # ... and never across different numbers: BRCA1 is not BRCA2 (edit similarity 0.8).
+    assert link("BRCA1", nowhere, 0.5) == []
+    # Embedding: the cosine of the phrase and the name (0.8 here), against the threshold.
+    near_hepatocytes = [0.0, 0.0, 0.0, 0.8, 0.6]
+    assert link("liver cells", near_hepatocytes, 0.7) == [("hepatocytes", "embedding", 0.8)]
+    assert link("liver cells", near_hepatocytes, 0.85) == []
+    # A certain link is not replaced by a weaker one of another kind.
+    assert link("Metformin", [0.9, 0.0, 0.0, 0.0, 0.436], 0.5) == [("metformin", "exact", 1.0)]
+
+
+# ZRB1 co-occurs with KRB2 in two sentences and with PLM3 in one; KRB2 -> QXT4 and PLM3 -> WNV5 are stated in
+# other documents. Both QXT4 and WNV5 are two hops from ZRB1, through entities equally specific.
+WEIGHTED = [
+    {"id": "hub", "content": "ZRB1 activates KRB2. ZRB1 binds KRB2 tightly. ZRB1 inhibits PLM3."},
+    {"id": "via-krb2", "content": "KRB2 phosphorylates QXT4. Then KRB2 activates QXT4."},
+    {"id": "via-plm3", "content": "PLM3 phosphorylates WNV5."},
+]
+
+
+def test_relation_weights_along_the_path_set_the_graph_score(service: RagService) -> None:
+    service.ingest({"collection_id": "docs", "documents": WEIGHTED})
+    query = "What does ZRB1 control in the end?"
+
+    def graph_scores() -> dict[str, float]:
+        result = graphrag(service, query, {"relationship_weight": 1.0}, top_k=3)
+        found = {d["id"]: d["score_details"] for d in result["retrieved_documents"]}
+        assert found["via-krb2"]["hop"] == found["via-plm3"]["hop"] == 2
+        return {k: v["graph_score"] for k, v in found.items()}
+
+    result = graphrag(service, query, top_k=3)
+    paths = {d["id"]: d["score_details"]["paths"][0] for d in result["retrieved_documents"]}
+    assert [r["weight"] for r in paths["via-krb2"]["relations"]] == [2, 2]
+    assert [r["weight"] for r in paths["via-plm3"]["relations"]] == [1, 1]
+    # The weaker first step (weight 1 of the strongest 2 at ZRB1) costs log(2)/log(3); the second steps are
+    # each their entity's strongest relation.
+    scores = graph_scores()
+    assert scores["via-plm3"] == pytest.approx(scores["via-krb2"] * math.log(2) / math.log(3), rel=1e-3)
+
+    # State KRB2 -> QXT4 only once: that second step is now weight 1 of KRB2's strongest 2 and costs the same
+    # log(2)/log(3), so both paths score the same.
+    weaker = {"id": "via-krb2", "content": "KRB2 phosphorylates QXT4."}
+    service.ingest({"collection_id": "docs", "documents": [weaker]})
+    scores = graph_scores()
+    assert scores["via-plm3"] == pytest.approx(scores["via-krb2"], rel=1e-6)
+
+
+def test_each_further_hop_reaches_one_document_further(service: RagService) -> None:
+    chain = [*WEIGHTED, {"id": "three-hops", "content": "QXT4 cleaves MNO6."}]
+    service.ingest({"collection_id": "docs", "documents": chain})
+    reached: dict[int, dict[str, int]] = {}
+    for hops in (1, 2, 3, 5):
+        result = graphrag(service, "What does ZRB1 control in the end?", {"max_hops": hops}, top_k=4)
+        reached[hops] = {
+            d["id"]: d["score_details"]["hop"]
+            for d in result["retrieved_documents"]
+            if d["score_details"]["graph_score"] > 0
+        }
+    assert reached[1] == {"hub": 0}
+    assert reached[2] == {"hub": 0, "via-krb2": 2, "via-plm3": 2}
+    assert reached[3] == {**reached[2], "three-hops": 3}
+    assert reached[5] == reached[3], "nothing lies further"
+
 
 def test_include_entity_context_false_returns_counts_only(graph_service: RagService) -> None:
     result = graphrag(graph_service, params={"include_entity_context": False}, top_k=3)
@@ -189,6 +299,8 @@ def test_explore_shows_neighbours_relation_types_and_evidence(graph_service: Rag
     assert len(explore({"entity": "AMPK", "collection_id": "docs", "limit": 1})["neighbours"]) == 1
     bare = explore({"entity": "AMPK", "collection_id": "docs", "evidence_per_relation": 0})
     assert all(not r["evidence"] for n in bare["neighbours"] for r in n["relations"])
+    co_occurs = explore({"entity": "AMPK", "collection_id": "docs", "relation_type": "co_occurs"})
+    assert co_occurs["neighbour_count"] == result["neighbour_count"]
     assert (
         explore({"entity": "AMPK", "collection_id": "docs", "relation_type": "inhibits"})["neighbours"] == []
     )
@@ -197,6 +309,18 @@ def test_explore_shows_neighbours_relation_types_and_evidence(graph_service: Rag
         "fuzzy",
         "embedding",
     )
+
+    # A relation stated in a second document has two evidence chunks; evidence_per_relation caps them.
+    again = {"id": "ampk-again", "content": "In muscle, metformin activates AMPK as well."}
+    graph_service.ingest({"collection_id": "docs", "documents": [again]})
+
+    def metformin_evidence(**arguments: Any) -> list[str]:
+        result = explore({"entity": "AMPK", "collection_id": "docs", **arguments})
+        neighbour = next(n for n in result["neighbours"] if n["entity"]["name"] == "metformin")
+        return [e["document_id"] for e in neighbour["relations"][0]["evidence"]]
+
+    assert sorted(metformin_evidence()) == ["ampk-again", "metformin-ampk"]
+    assert len(metformin_evidence(evidence_per_relation=1)) == 1
 
     missing = explore({"entity": "xylophone quartet", "collection_id": "docs"})
     jsonschema.validate(missing, spec["outputSchema"])
