@@ -58,8 +58,8 @@ class WorkerServer:
         )
         self.write(success_line(request.id, payload) if ok else error_line(request.id, payload))
 
-    async def serve(self) -> None:
-        """Read until EOF or shutdown, then let in-flight requests finish."""
+    async def serve(self) -> bool:
+        """Read until EOF or shutdown, then let in-flight requests finish; False if some did not in time."""
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
@@ -82,6 +82,7 @@ class WorkerServer:
             await asyncio.wait(self.tasks, timeout=SHUTDOWN_GRACE_S)
         self.work.shutdown(wait=False, cancel_futures=True)
         self.control.shutdown(wait=False, cancel_futures=True)
+        return not self.tasks
 
 
 def _is_shutdown(line: bytes) -> bool:
@@ -103,10 +104,16 @@ def main() -> None:
     service = RagService(settings)
     server = WorkerServer(Dispatcher(service), output, settings.worker_threads)
     logger.info("worker ready (pid %d, data %s)", os.getpid(), settings.database_path)
+    drained = False
     try:
-        asyncio.run(server.serve())
+        drained = asyncio.run(server.serve())
     finally:
-        service.close()
+        if drained:
+            service.close()
+        else:
+            # Closing the store under a query that is still running crashes SQLite's C code; exiting
+            # without closing is safe: WAL keeps every committed transaction and rolls back the open one.
+            logger.warning("exiting with requests still running after %.1fs", SHUTDOWN_GRACE_S)
     # Daemon threads (model loading) must not keep a finished worker alive.
     os._exit(0)
 

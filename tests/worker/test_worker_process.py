@@ -194,3 +194,27 @@ def test_killed_mid_request_loses_no_stored_data(tmp_path: Path) -> None:
         assert answer["result"]["retrieved_documents"][0]["id"] == "aspirin"
     finally:
         second.stop()
+
+
+def test_shutdown_during_a_long_request_exits_cleanly_and_keeps_stored_data(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = WorkerProcess(data)
+    assert first.call("ingest", {"collection_id": "docs", "documents": DOCUMENTS})["success"]
+    big = [{"id": f"bulk-{i}", "content": f"Bulk document {i}. " * 200} for i in range(300)]
+    first.send("ingest", {"collection_id": "docs", "documents": big})
+    for _ in range(8):
+        first.send(
+            "execute", {"technique": "crag", "arguments": {"query": "aspirin", "collection_id": "docs"}}
+        )
+    time.sleep(1.0)
+    first.send("shutdown")
+    # The ingest outlasts the grace period: the worker must exit on its own, and not by a crash.
+    assert first.process.wait(timeout=30) == 0
+
+    second = WorkerProcess(data)
+    try:
+        collections = second.call("list_collections")["result"]["collections"]
+        count = next(c["document_count"] for c in collections if c["id"] == "docs")
+        assert count in (3, 303), "the interrupted ingest is all or nothing"
+    finally:
+        second.stop()
