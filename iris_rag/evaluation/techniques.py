@@ -14,6 +14,16 @@ from iris_rag.errors import InvalidParametersError, PipelineNotFoundError
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # The keyword (BM25) leg of hybrid_ifind alone: the BM25 anchor.
     "keyword": ("hybrid_ifind", {"vector_weight": 0.0, "keyword_weight": 1.0, "fusion_method": "weighted"}),
+    # The same leg with multifield BM25 (each field its own BM25, best + 0.5 x the other): BEIR's anchor.
+    "keyword_multifield": (
+        "hybrid_ifind",
+        {
+            "vector_weight": 0.0,
+            "keyword_weight": 1.0,
+            "fusion_method": "weighted",
+            "keyword_scoring": "multifield",
+        },
+    ),
 }
 
 

@@ -16,7 +16,7 @@ from iris_rag.pipelines.keyword_query import (
     repair_terms,
     unknown_terms,
 )
-from iris_rag.stores.base import CollectionInfo, ScoredChunk, StoredChunk
+from iris_rag.stores.base import CollectionInfo, KeywordScoring, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 
 
@@ -33,6 +33,7 @@ class HybridParams(BaseModel):
     enable_fuzzy_matching: bool = False
     keyword_boost_fields: tuple[str, ...] = ()
     keyword_boost: float = Field(2.0, ge=1, le=10)
+    keyword_scoring: KeywordScoring = "flat"
 
     @model_validator(mode="after")
     def _one_leg_at_least(self) -> HybridParams:
@@ -62,12 +63,10 @@ class HybridIFindPipeline(Pipeline):
         metadata_filter = parse_filters(options.filters)
         pool = max(params.candidate_pool, options.top_k)
 
-        # A leg weighted 0 is switched off: its candidates could only ever score 0.
-        query_vector = self.context.embedder.encode_query(query)
-        dense_hits: list[ScoredChunk] = []
-        if params.vector_weight > 0:
-            dense_hits = store.vector_search(collection.id, query_vector, pool, metadata_filter)
-
+        # The query embeds on the encode thread while this thread runs the keyword leg in SQLite: the
+        # two overlap instead of adding up. A leg weighted 0 is switched off: its candidates could only
+        # ever score 0 (the vector still gives every keyword hit its cosine for the score breakdown).
+        pending_vector = self.context.embedder.encode_query_async(query)
         terms = query_terms(query)
         repair = FuzzyRepair()
         keyword_hits: list[ScoredChunk] = []
@@ -77,6 +76,10 @@ class HybridIFindPipeline(Pipeline):
             keyword_hits = self._keyword_leg(
                 collection.id, terms + repair.extra_terms, pool, metadata_filter, params
             )
+        query_vector = pending_vector.result()
+        dense_hits: list[ScoredChunk] = []
+        if params.vector_weight > 0:
+            dense_hits = store.vector_search(collection.id, query_vector, pool, metadata_filter)
 
         # Exact cosine for every candidate, including those only the keyword leg found.
         dense = {hit.chunk_id: hit.score for hit in dense_hits}
@@ -112,6 +115,7 @@ class HybridIFindPipeline(Pipeline):
                 "keyword_terms": terms,
                 "fuzzy_expansions": repair.expansions,
                 "keyword_boost_fields": list(params.keyword_boost_fields),
+                "keyword_scoring": params.keyword_scoring,
                 "dense_candidates": len(dense_hits),
                 "keyword_candidates": len(keyword_hits),
                 "used_chunk_ids": [d.chunk.chunk_id for d in documents],
@@ -132,7 +136,12 @@ class HybridIFindPipeline(Pipeline):
         store = self.context.store
         title_weight = params.keyword_boost if "title" in params.keyword_boost_fields else 1.0
         hits = store.keyword_search(
-            collection_id, match_expression(terms), pool, metadata_filter, title_weight
+            collection_id,
+            match_expression(terms),
+            pool,
+            metadata_filter,
+            title_weight,
+            params.keyword_scoring,
         )
         metadata_fields = [f for f in params.keyword_boost_fields if f != "title"]
         if not metadata_fields or not hits:

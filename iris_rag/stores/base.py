@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -13,6 +13,10 @@ from iris_rag.stores.filters import MetadataFilter
 
 if TYPE_CHECKING:
     from iris_rag.indexes.base import TechniqueIndex
+
+# flat: one BM25 over title and content together (one document length). multifield: each field's own BM25
+# (own IDF and length normalization), combined as best field + 0.5 x the other (Elasticsearch best_fields).
+KeywordScoring = Literal["flat", "multifield"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +171,12 @@ class DocumentStore(Protocol):
         top_k: int,
         metadata_filter: MetadataFilter | None = None,
         title_weight: float = 1.0,
+        scoring: KeywordScoring = "flat",
     ) -> list[ScoredChunk]:
-        """The top_k chunks by BM25 for a full-text query expression (FTS5 in SQLite, iFind in IRIS)."""
+        """The top_k chunks by BM25 for a full-text query expression (FTS5 in SQLite, iFind in IRIS).
+
+        title_weight multiplies the title's contribution; scoring picks flat or multifield BM25.
+        """
 
     def term_document_counts(self, collection_id: str) -> dict[str, int]:
         """The keyword index's (stemmed) terms with how many chunks hold each."""

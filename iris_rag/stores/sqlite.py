@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 import sqlite3
 import threading
@@ -20,6 +21,7 @@ from iris_rag.stores.base import (
     ChunkInput,
     CollectionInfo,
     DocumentInput,
+    KeywordScoring,
     ScoredChunk,
     StoredChunk,
     StoredDocument,
@@ -90,6 +92,43 @@ def vocabulary_table(collection_id: str) -> str:
     return '"vocab_' + collection_id.replace('"', '""') + '"'
 
 
+def title_fts_table(collection_id: str) -> str:
+    """The collection's title-only FTS5 table (quoted), for multifield BM25: the title field's own statistics.
+
+    ':' cannot occur in a collection id, so this name (and FTS5's shadow tables '<name>_data', ...) can
+    never be another collection's table.
+    """
+    return '"fts_' + collection_id.replace('"', '""') + ':title"'
+
+
+def content_fts_table(collection_id: str) -> str:
+    """The collection's content-only FTS5 index (quoted), for multifield BM25: the text's own statistics.
+
+    An external-content table over `chunks` (content_rowid = the chunk's rowid): it stores the index, not a
+    second copy of the text. Rows must leave it before their chunk row leaves `chunks`, since FTS5 reads
+    the old text from there to unindex it.
+    """
+    return '"fts_' + collection_id.replace('"', '""') + ':content"'
+
+
+def _indexed_title(title: str) -> bool:
+    """Whether a chunk gets a row in the title table (not when its title is empty).
+
+    As in Lucene, a document without the field counts neither in the field's document count (IDF) nor in
+    its average length.
+    """
+    return bool(title.strip())
+
+
+def _has_field_tables(connection: sqlite3.Connection, collection_id: str) -> bool:
+    # Table names are ASCII case-insensitive in SQLite, as SQLite's lower() is.
+    found = connection.execute(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND lower(name) IN (lower(?), lower(?))",
+        (f"fts_{collection_id}:title", f"fts_{collection_id}:content"),
+    ).fetchone()[0]
+    return int(found) == 2
+
+
 def _create_fts(connection: sqlite3.Connection, collection_id: str) -> None:
     connection.execute(
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {fts_table(collection_id)} "
@@ -157,6 +196,60 @@ class SqliteStore:
         connection.execute("COMMIT")
         logger.info("migrated the keyword index to one FTS5 table per collection")
 
+    def _ensure_field_tables(self, connection: sqlite3.Connection, collection_id: str) -> None:
+        """Create the collection's title and content tables (multifield BM25) if absent, filled from its rows.
+
+        Runs inside the caller's write transaction, before it writes anything, so a collection that
+        predates these tables gets them from its stored chunk and document rows (nothing is embedded again)
+        and the caller's own writes then go to all three keyword tables.
+        """
+        if _has_field_tables(connection, collection_id):
+            return
+        title, content = title_fts_table(collection_id), content_fts_table(collection_id)
+        connection.execute(
+            f"CREATE VIRTUAL TABLE IF NOT EXISTS {title} USING fts5(title, tokenize = 'porter unicode61')"
+        )
+        connection.execute(
+            f"CREATE VIRTUAL TABLE IF NOT EXISTS {content} USING fts5(content, content = 'chunks', "
+            "content_rowid = 'rowid', tokenize = 'porter unicode61')"
+        )
+        rows = connection.execute(
+            """SELECT k.rowid, d.title FROM chunks k
+               JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
+               WHERE k.collection_id = ?""",
+            (collection_id,),
+        ).fetchall()
+        connection.executemany(
+            f"INSERT INTO {title} (rowid, title) VALUES (?, ?)",
+            [(row[0], row[1]) for row in rows if _indexed_title(row[1])],
+        )
+        connection.execute(
+            f"INSERT INTO {content} (rowid, content) "
+            "SELECT rowid, content FROM chunks WHERE collection_id = ?",
+            (collection_id,),
+        )
+        if rows:
+            logger.info(
+                "built the title and content keyword tables of %r (%d chunks)", collection_id, len(rows)
+            )
+
+    def _prepare_field_tables(self, collection_id: str) -> None:
+        """Before a multifield search: build the field tables of an existing collection that predates them."""
+        connection = self._connection()
+        if _has_field_tables(connection, collection_id):
+            return
+        with self._write_lock:
+            exists = connection.execute("SELECT 1 FROM collections WHERE id = ?", (collection_id,)).fetchone()
+            if exists is None:
+                return
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                self._ensure_field_tables(connection, collection_id)
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+
     # Connections: one per thread, so concurrent readers never share a cursor (WAL lets them run together).
     def _connection(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
@@ -219,6 +312,7 @@ class SqliteStore:
                 (collection_id, embedding_model, dimension, now, now),
             )
             _create_fts(connection, collection_id)
+            self._ensure_field_tables(connection, collection_id)
             connection.execute("COMMIT")
         info = self.get_collection(collection_id)
         assert info is not None
@@ -243,6 +337,7 @@ class SqliteStore:
             connection = self._connection()
             connection.execute("BEGIN IMMEDIATE")
             try:
+                self._ensure_field_tables(connection, collection_id)
                 for document in documents:
                     created = connection.execute(
                         "SELECT created_at FROM documents WHERE collection_id = ? AND id = ?",
@@ -298,17 +393,28 @@ class SqliteStore:
             f"INSERT INTO {fts_table(collection_id)} (rowid, title, content) VALUES (?, ?, ?)",
             (cursor.lastrowid, document.title, chunk.content),
         )
+        if _indexed_title(document.title):
+            connection.execute(
+                f"INSERT INTO {title_fts_table(collection_id)} (rowid, title) VALUES (?, ?)",
+                (cursor.lastrowid, document.title),
+            )
+        connection.execute(
+            f"INSERT INTO {content_fts_table(collection_id)} (rowid, content) VALUES (?, ?)",
+            (cursor.lastrowid, chunk.content),
+        )
 
     def _delete_document_rows(
         self, connection: sqlite3.Connection, collection_id: str, document_id: str
     ) -> int:
         for index in self._technique_indexes:
             index.delete(connection, collection_id, document_id)
-        connection.execute(
-            f"""DELETE FROM {fts_table(collection_id)} WHERE rowid IN
-                (SELECT rowid FROM chunks WHERE collection_id = ? AND document_id = ?)""",
-            (collection_id, document_id),
-        )
+        # The content table reads the old text from `chunks` to unindex it: keyword rows go first.
+        for table in (fts_table, title_fts_table, content_fts_table):
+            connection.execute(
+                f"""DELETE FROM {table(collection_id)} WHERE rowid IN
+                    (SELECT rowid FROM chunks WHERE collection_id = ? AND document_id = ?)""",
+                (collection_id, document_id),
+            )
         connection.execute(
             "DELETE FROM chunks WHERE collection_id = ? AND document_id = ?", (collection_id, document_id)
         )
@@ -323,6 +429,7 @@ class SqliteStore:
             connection = self._connection()
             connection.execute("BEGIN IMMEDIATE")
             try:
+                self._ensure_field_tables(connection, collection_id)
                 deleted = self._delete_document_rows(connection, collection_id, document_id)
                 connection.execute(
                     "UPDATE collections SET updated_at = ? WHERE id = ?", (_now(), collection_id)
@@ -469,11 +576,16 @@ class SqliteStore:
         top_k: int,
         metadata_filter: MetadataFilter | None = None,
         title_weight: float = 1.0,
+        scoring: KeywordScoring = "flat",
     ) -> list[ScoredChunk]:
         """BM25 over the collection's FTS5 index (title and content columns); higher scores are better.
 
-        `match` is an FTS5 query expression, built by the caller from quoted terms.
+        `match` is an FTS5 query expression, built by the caller from quoted terms. flat: one BM25 over
+        both columns (title weighted by title_weight), with one length per chunk; multifield: see
+        _multifield_search.
         """
+        if scoring == "multifield":
+            return self._multifield_search(collection_id, match, top_k, metadata_filter, title_weight)
         table = fts_table(collection_id)
         where, parameters = "", list[Any]()
         if metadata_filter is not None:
@@ -493,6 +605,68 @@ class SqliteStore:
         )
         # FTS5's bm25() is negated so that ascending order is best first.
         return [ScoredChunk(row["chunk_id"], -float(row["rank"])) for row in rows]
+
+    def _multifield_search(
+        self,
+        collection_id: str,
+        match: str,
+        top_k: int,
+        metadata_filter: MetadataFilter | None,
+        title_weight: float,
+    ) -> list[ScoredChunk]:
+        """BEIR's BM25 (Elasticsearch multi_match, best_fields, tie_breaker 0.5, over title and text).
+
+        Each field is scored by FTS5's bm25 (k1 1.2, b 0.75) on its own table, so with its own IDF and
+        its own length normalization (field length / average field length); t = title_weight x the title
+        score, c = the content score, 0 for a field the chunk does not match; score = max(t, c) + 0.5 x
+        min(t, c).
+
+        Exact top_k: every match of both tables is scored (FTS5 scores every match even under ORDER BY
+        rank LIMIT k, so fetching them all adds only the row transfer), the two are combined per chunk
+        and the top_k taken. The per-field top-k would not do: a chunk ranked low in both fields can
+        outscore one ranked high in a single field.
+        """
+        self._prepare_field_tables(collection_id)
+        title = self._field_scores(title_fts_table(collection_id), match, metadata_filter)
+        content = self._field_scores(content_fts_table(collection_id), match, metadata_filter)
+        combined: dict[int, float] = {}
+        for rowid, score in content.items():
+            combined[rowid] = score
+        for rowid, score in title.items():
+            t, c = title_weight * score, content.get(rowid, 0.0)
+            combined[rowid] = max(t, c) + 0.5 * min(t, c)
+        best = heapq.nsmallest(top_k, combined.items(), key=lambda item: (-item[1], item[0]))
+        if not best:
+            return []
+        rowids = [rowid for rowid, _ in best]
+        rows = (
+            self._connection()
+            .execute(
+                f"SELECT rowid, chunk_id FROM chunks WHERE rowid IN ({','.join('?' * len(rowids))})",
+                rowids,
+            )
+            .fetchall()
+        )
+        chunk_of = {row["rowid"]: row["chunk_id"] for row in rows}
+        return [ScoredChunk(chunk_of[rowid], score) for rowid, score in best if rowid in chunk_of]
+
+    def _field_scores(
+        self, table: str, match: str, metadata_filter: MetadataFilter | None
+    ) -> dict[int, float]:
+        """Every chunk one field table matches (and the filter passes), by rowid, with its BM25 (positive)."""
+        join, where, parameters = "", "", list[Any]()
+        if metadata_filter is not None:
+            join = f"""JOIN chunks k ON k.rowid = {table}.rowid
+                JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id"""
+            where, parameters = to_sql(metadata_filter)
+            where = f"AND {where}"
+        cursor = self._connection().cursor()
+        cursor.row_factory = None  # plain tuples: this can be thousands of rows
+        rows = cursor.execute(
+            f"SELECT {table}.rowid, bm25({table}) FROM {table} {join} WHERE {table} MATCH ? {where}",
+            (match, *parameters),
+        ).fetchall()
+        return {rowid: -rank for rowid, rank in rows}
 
     def term_document_counts(self, collection_id: str) -> dict[str, int]:
         """Every (stemmed) term of the collection's keyword index with the number of chunks holding it."""

@@ -4,6 +4,7 @@ import pytest
 
 from iris_rag.errors import InvalidParametersError, PipelineNotFoundError
 from iris_rag.evaluation.techniques import VARIANTS, TechniqueSpec, available, parse_params, resolve
+from iris_rag.pipelines.hybrid_ifind import HybridParams
 
 
 def test_unknown_technique_lists_the_valid_names() -> None:
@@ -21,8 +22,21 @@ def test_variants_need_their_base_technique() -> None:
 
 def test_all_is_every_registered_technique_and_its_variants() -> None:
     specs = resolve("all", ["basic", "hybrid_ifind"])
-    assert [s.name for s in specs] == ["basic", "hybrid_ifind", "keyword"]
+    assert [s.name for s in specs] == ["basic", "hybrid_ifind", "keyword", "keyword_multifield"]
     assert specs[2] == TechniqueSpec("keyword", "hybrid_ifind", VARIANTS["keyword"][1])
+
+
+def test_keyword_multifield_variant_is_the_keyword_leg_with_multifield_bm25() -> None:
+    (spec,) = resolve("keyword_multifield", ["basic", "hybrid_ifind"])
+    assert spec.base == "hybrid_ifind"
+    assert spec.params == {
+        "vector_weight": 0.0,
+        "keyword_weight": 1.0,
+        "fusion_method": "weighted",
+        "keyword_scoring": "multifield",
+    }
+    # The parameters are valid technique_params of rag_hybrid_ifind.
+    assert HybridParams.model_validate(spec.params).keyword_scoring == "multifield"
 
 
 def test_command_line_params_update_a_technique() -> None:
