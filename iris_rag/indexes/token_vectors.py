@@ -17,9 +17,10 @@ import sqlite3
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +40,6 @@ DF_TABLE = "colbert_token_df"
 
 Floats = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +149,16 @@ class TokenEncoder:
         self, texts: list[str], *, max_length: int = MAX_DOCUMENT_TOKENS, batch_size: int | None = None
     ) -> list[TokenVectors]:
         """Each text's kept word pieces (no special or punctuation tokens), projected and unit-length."""
+        return self.encode_async(texts, max_length=max_length, batch_size=batch_size).result()
+
+    def encode_async(
+        self, texts: list[str], *, max_length: int = MAX_DOCUMENT_TOKENS, batch_size: int | None = None
+    ) -> Future[list[TokenVectors]]:
+        """encode(), started on the encode thread: the caller does other work (SQL) meanwhile."""
         if not texts:
-            return []
+            done: Future[list[TokenVectors]] = Future()
+            done.set_result([])
+            return done
         projection, skip = self._setup()
         batch = batch_size or self.embedder.batch_size
         tokenizer = self.embedder.tokenizer
@@ -190,16 +198,7 @@ class TokenEncoder:
                         )
             return [r for r in results if r is not None]
 
-        return run_on_encoder(self.embedder, run)
-
-
-def run_on_encoder(embedder: Embedder, task: Callable[[Any], _T]) -> _T:
-    """Run a task with the loaded sentence-transformers model on the embedder's one encode thread.
-
-    torch's thread pool is per calling thread, so every model call goes through that thread (see Embedder).
-    """
-    embedder.wait_ready()
-    return embedder._encode_thread.submit(task, embedder._model).result()
+        return self.embedder.run_with_model(run)
 
 
 class TokenVectorIndex:

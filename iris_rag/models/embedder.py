@@ -6,9 +6,10 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 Vectors = npt.NDArray[np.float32]
 LoadState = Literal["loading", "ready", "failed"]
+_T = TypeVar("_T")
 
 
 def resolve_model_path(model_name: str) -> str:
@@ -129,5 +131,21 @@ class Embedder:
 
     def encode_query(self, query: str) -> npt.NDArray[np.float32]:
         """Embed one query as a 1-D unit vector."""
-        vector: npt.NDArray[np.float32] = self.encode([query])[0]
+        return self.encode_query_async(query).result()
+
+    def encode_query_async(self, query: str) -> Future[npt.NDArray[np.float32]]:
+        """Start embedding one query on the encode thread; the caller does other work (SQL) meanwhile."""
+        self.wait_ready()
+        return self._encode_thread.submit(self._encode_one, query)
+
+    def run_with_model(self, task: Callable[[Any], _T]) -> Future[_T]:
+        """Run a task with the loaded sentence-transformers model on the encode thread (token-level use)."""
+        self.wait_ready()
+        return self._encode_thread.submit(task, self._model)
+
+    def _encode_one(self, query: str) -> npt.NDArray[np.float32]:
+        vectors = self._model.encode(
+            [query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
+        vector: npt.NDArray[np.float32] = np.ascontiguousarray(vectors[0], dtype=np.float32)
         return vector
