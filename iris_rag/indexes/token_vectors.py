@@ -198,7 +198,66 @@ class TokenEncoder:
                         )
             return [r for r in results if r is not None]
 
-        return self.embedder.run_with_model(run)
+        return self.embedder.run_with_model(run, single=len(texts) == 1)
+
+    def encode_query(self, query: str, *, max_length: int) -> Future[QueryEncoding]:
+        """One forward pass of the query for both its token vectors and its dense embedding.
+
+        The dense embedding is the mean of the same last hidden state, normalized: exactly what
+        Embedder.encode_query computes (up to float rounding) when the model is mean-pooled and normalized
+        and the query fits both length limits; otherwise `dense` is None and the caller embeds it apart.
+        """
+        projection, skip = self._setup()
+        tokenizer = self.embedder.tokenizer
+
+        def run(model: Any) -> QueryEncoding:
+            import torch
+
+            transformer = model[0].auto_model
+            # sentence-transformers strips the text before tokenizing; so must this, to see the same ids.
+            encoded = tokenizer([query.strip()], truncation=True, max_length=max_length, return_tensors="pt")
+            with torch.inference_mode():
+                inputs = {k: v.to(transformer.device) for k, v in encoded.items()}
+                hidden = transformer(**inputs).last_hidden_state[0].float().cpu().numpy()
+            ids = encoded["input_ids"][0].numpy().astype(np.int64)
+            keep = ~skip[ids]
+            vectors = _unit(hidden[keep])
+            projected = _unit(vectors @ projection) if vectors.size else vectors[:, :0]
+            tokens = TokenVectors(
+                ids[keep],
+                np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
+                truncated=len(ids) >= max_length,
+            )
+            dense = None
+            if _mean_pooled_and_normalized(model) and len(ids) < min(max_length, model.max_seq_length):
+                mean = hidden.mean(axis=0)
+                dense = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
+            return QueryEncoding(dense, tokens)
+
+        return self.embedder.run_with_model(run, single=True)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryEncoding:
+    """A query's token vectors and, when one forward pass could give it exactly, its dense embedding."""
+
+    dense: Floats | None
+    tokens: TokenVectors
+
+
+def _mean_pooled_and_normalized(model: Any) -> bool:
+    """Whether the sentence-transformers model is transformer → mean pooling → normalize, nothing else."""
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    modules = list(model)
+    return (
+        len(modules) == 3
+        and isinstance(modules[0], Transformer)
+        and not getattr(modules[0], "do_lower_case", False)
+        and isinstance(modules[1], Pooling)
+        and modules[1].get_config_dict().get("pooling_mode") == "mean"
+        and isinstance(modules[2], Normalize)
+    )
 
 
 class TokenVectorIndex:

@@ -23,6 +23,9 @@ Vectors = npt.NDArray[np.float32]
 LoadState = Literal["loading", "ready", "failed"]
 _T = TypeVar("_T")
 
+QUERY_THREADS = 1
+"""torch threads for encoding a single text (see Embedder._use_threads)."""
+
 
 def resolve_model_path(model_name: str) -> str:
     """Map the configured model name to a local path; nothing is ever fetched from a hub."""
@@ -51,6 +54,7 @@ class Embedder:
         self.load_time_s: float | None = None
         self._model: Any = None
         self._dimension: int | None = None
+        self._batch_threads = 0
         self._ready = threading.Event()
         # Every encode runs on this one thread: torch already uses every core for one call, and its OpenMP
         # pool is per calling thread, so encodes from many threads would leave idle pools spinning on the CPU.
@@ -80,6 +84,9 @@ class Embedder:
                 msg = f"{self.model_name} does not report an embedding dimension"
                 raise ModelUnavailableError(msg)
             self._dimension = int(dimension)
+            import torch
+
+            self._batch_threads = torch.get_num_threads()
             self._model = model
             self.state = "ready"
             self.load_time_s = time.perf_counter() - started
@@ -118,14 +125,18 @@ class Embedder:
         self.wait_ready()
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        vectors = self._encode_thread.submit(
-            self._model.encode,
-            texts,
-            batch_size=batch_size or self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=progress,
-        ).result()
+
+        def run(model: Any) -> Any:
+            self._use_threads(single=len(texts) == 1)
+            return model.encode(
+                texts,
+                batch_size=batch_size or self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=progress,
+            )
+
+        vectors = self._encode_thread.submit(run, self._model).result()
         result: Vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         return result
 
@@ -138,12 +149,35 @@ class Embedder:
         self.wait_ready()
         return self._encode_thread.submit(self._encode_one, query)
 
-    def run_with_model(self, task: Callable[[Any], _T]) -> Future[_T]:
-        """Run a task with the loaded sentence-transformers model on the encode thread (token-level use)."""
+    def run_with_model(self, task: Callable[[Any], _T], *, single: bool = False) -> Future[_T]:
+        """Run a task with the loaded sentence-transformers model on the encode thread (token-level use).
+
+        `single`: the task encodes one short text (a query), so it runs on one torch thread.
+        """
         self.wait_ready()
-        return self._encode_thread.submit(task, self._model)
+
+        def run(model: Any) -> _T:
+            self._use_threads(single=single)
+            return task(model)
+
+        return self._encode_thread.submit(run, self._model)
+
+    def _use_threads(self, *, single: bool) -> None:
+        """One torch thread for one text, every core for a batch (called on the encode thread only).
+
+        A query is too small to split: with two or more OpenMP threads it waits at every layer for the
+        slowest one, and on a busy machine that straggler turns a 20 ms encode into hundreds of ms
+        (measured on the 2-core VM: p95 74 ms on one thread against 950 ms on two while other jobs ran;
+        equal medians when idle). A batch has enough work to keep every core busy.
+        """
+        import torch
+
+        wanted = QUERY_THREADS if single else self._batch_threads
+        if wanted and torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
 
     def _encode_one(self, query: str) -> npt.NDArray[np.float32]:
+        self._use_threads(single=True)
         vectors = self._model.encode(
             [query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )

@@ -127,20 +127,19 @@ class ColbertPipeline(Pipeline):
         self.require_index(collection)
         store = self.context.store
         pool = max(params.candidate_pool, options.top_k)
-        # Both encodes are queued on the encode thread at once; the query's token vectors are computed
-        # while this thread searches and reads the candidates' stored tokens from SQLite.
-        pending_vector = self.context.embedder.encode_query_async(query)
-        pending_tokens = self.encoder.encode_async([query], max_length=params.max_query_length)
-        hits = store.vector_search(
-            collection.id, pending_vector.result(), pool, parse_filters(options.filters)
-        )
+        # One forward pass gives the query's token vectors and, for a mean-pooled model, its dense vector.
+        encoding = self.encoder.encode_query(query, max_length=params.max_query_length).result()
+        query_vector = encoding.dense
+        if query_vector is None:
+            query_vector = self.context.embedder.encode_query(query)
+        hits = store.vector_search(collection.id, query_vector, pool, parse_filters(options.filters))
         idf = self._collection_idf(collection)
         stored = self.index.load(store.connection(), collection.id, [h.chunk_id for h in hits])
         candidates = [_Candidate(h.chunk_id, h.score, stored.get(h.chunk_id)) for h in hits]
         for candidate in candidates:
             _select_tokens(candidate, params.compression_ratio, idf)
 
-        query_tokens = pending_tokens.result()[0]
+        query_tokens = encoding.tokens
         query_words = self.encoder.token_strings(query_tokens.token_ids.tolist())
         full_length = len(self.encoder.embedder.tokenizer.tokenize(query)) + 2
 

@@ -80,6 +80,20 @@ def test_encoder_drops_special_and_punctuation_tokens(embedder: Embedder) -> Non
     assert len(long.token_ids) == 62 and long.truncated
 
 
+def test_one_query_forward_pass_gives_the_dense_vector_and_the_tokens(embedder: Embedder) -> None:
+    encoder = TokenEncoder(embedder)
+    for query in ["Does aspirin lower the risk of heart attacks?", "  volcanoes erupt  "]:
+        encoding = encoder.encode_query(query, max_length=256).result()
+        assert encoding.dense is not None
+        np.testing.assert_allclose(encoding.dense, embedder.encode_query(query), atol=1e-5)
+        separate = encoder.encode([query.strip()], max_length=256)[0]
+        np.testing.assert_array_equal(encoding.tokens.token_ids, separate.token_ids)
+        np.testing.assert_allclose(encoding.tokens.vectors, separate.vectors, atol=1e-5)
+    # Cut at max_length, the hidden states are not those of the whole query: no dense vector from them.
+    truncated = encoder.encode_query(" ".join(["word"] * 100), max_length=32).result()
+    assert truncated.dense is None and truncated.tokens.truncated and len(truncated.tokens.token_ids) == 30
+
+
 def test_rows_follow_ingest_replace_delete(service: RagService) -> None:
     service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
     rows = _rows(service)
