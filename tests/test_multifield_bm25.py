@@ -19,7 +19,13 @@ from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.stores.base import ChunkInput, DocumentInput
 from iris_rag.stores.filters import parse_filters
-from iris_rag.stores.sqlite import SqliteStore, content_fts_table, fts_table, title_fts_table
+from iris_rag.stores.sqlite import (
+    SqliteStore,
+    content_fts_table,
+    fts_table,
+    title_fts_table,
+    vocabulary_table,
+)
 
 DIM = 8
 K1, B = 1.2, 0.75
@@ -244,21 +250,31 @@ def test_collection_from_before_the_field_tables_is_backfilled(tmp_path: Path) -
 
 def test_field_table_names_are_quoted_and_never_another_collections_table() -> None:
     odd = 'we"ird id'
-    assert title_fts_table(odd) == '"fts_we""ird id:title"'
-    assert content_fts_table(odd) == '"fts_we""ird id:content"'
-    # Valid ids built to collide by prefix or by FTS5's shadow-table suffixes do not.
-    ids = ["x", "x_data", "x_title", "x.title", "title", "title_x", "x_content", "x-title_data"]
+    assert title_fts_table(odd) == '"kw_776522697264206964:title"'
+    assert content_fts_table(odd) == '"kw_776522697264206964:content"'
+    # Ids built to collide by prefix, by FTS5's shadow-table suffixes or by letter case do not.
+    ids = [
+        "x",
+        "x_data",
+        "x_title",
+        "x.title",
+        "title",
+        "title_x",
+        "x_content",
+        "x-title_data",
+        "X",
+        "X_DATA",
+    ]
     assert all(COLLECTION_ID.match(i) for i in ids)
-    assert not COLLECTION_ID.match("x:title")
     shadows = ("", "_data", "_idx", "_content", "_docsize", "_config")
+    tables = (fts_table, title_fts_table, content_fts_table, vocabulary_table)
 
     def names(collection_id: str) -> set[str]:
-        tables = (fts_table, title_fts_table, content_fts_table)
         return {table(collection_id)[1:-1].lower() + suffix for table in tables for suffix in shadows}
 
     for i in ids:
-        mine = {title_fts_table(i)[1:-1].lower(), content_fts_table(i)[1:-1].lower()}
-        assert all(not mine & names(j) for j in ids if j != i), i
+        assert len(names(i)) == len(tables) * len(shadows)
+        assert all(not names(i) & names(j) for j in ids if j != i), i
 
 
 def test_odd_collection_id_works(tmp_path: Path) -> None:

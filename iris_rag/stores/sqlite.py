@@ -30,7 +30,7 @@ from iris_rag.stores.filters import MetadataFilter, json_path, to_sql
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -82,23 +82,36 @@ CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts);
 """
 
 
+# Every per-collection keyword table is named from the hex of the collection id's UTF-8 bytes: SQLite table
+# names are case-insensitive ('A' and 'a' would share one table) and a raw id can end in an FTS5 shadow
+# suffix ('x_data' is a table of 'x'); lowercase hex has neither case, '_' nor ':'.
+KEYWORD_TABLE_PREFIX = "kw_"
+
+
+def keyword_table_name(collection_id: str, suffix: str = "") -> str:
+    """The unquoted name of one of the collection's keyword tables: 'kw_<hex of the id>' + suffix.
+
+    The suffixes are '', ':title', ':content' and ':vocab'. After 'kw_' the name runs hex digits up to
+    the suffix (or FTS5's shadow suffix, '_data', ...), neither of which starts with one, so a name gives
+    back its collection id and suffix: no two collections' tables, nor their shadow tables, share a name,
+    in any letter case (the names are lowercase ASCII).
+    """
+    return KEYWORD_TABLE_PREFIX + collection_id.encode("utf-8").hex() + suffix
+
+
 def fts_table(collection_id: str) -> str:
     """The collection's own FTS5 table (quoted): BM25 statistics are per collection, as users expect."""
-    return '"fts_' + collection_id.replace('"', '""') + '"'
+    return f'"{keyword_table_name(collection_id)}"'
 
 
 def vocabulary_table(collection_id: str) -> str:
     """The fts5vocab view of the collection's terms (stemmed) and their document counts."""
-    return '"vocab_' + collection_id.replace('"', '""') + '"'
+    return f'"{keyword_table_name(collection_id, ":vocab")}"'
 
 
 def title_fts_table(collection_id: str) -> str:
-    """The collection's title-only FTS5 table (quoted), for multifield BM25: the title field's own statistics.
-
-    ':' cannot occur in a collection id, so this name (and FTS5's shadow tables '<name>_data', ...) can
-    never be another collection's table.
-    """
-    return '"fts_' + collection_id.replace('"', '""') + ':title"'
+    """The collection's title-only FTS5 table (quoted), for multifield BM25: the title's own statistics."""
+    return f'"{keyword_table_name(collection_id, ":title")}"'
 
 
 def content_fts_table(collection_id: str) -> str:
@@ -108,7 +121,21 @@ def content_fts_table(collection_id: str) -> str:
     second copy of the text. Rows must leave it before their chunk row leaves `chunks`, since FTS5 reads
     the old text from there to unindex it.
     """
-    return '"fts_' + collection_id.replace('"', '""') + ':content"'
+    return f'"{keyword_table_name(collection_id, ":content")}"'
+
+
+# The fts5vocab table first: it reads the FTS5 table it describes.
+_KEYWORD_SUFFIXES = (":vocab", ":title", ":content", "")
+
+
+def _legacy_table_names(collection_id: str) -> list[str]:
+    """The names earlier versions gave the collection's keyword tables (raw id: shared by 'A' and 'a')."""
+    fts = f"fts_{collection_id}"
+    return [f"vocab_{collection_id}", f"{fts}:title", f"{fts}:content", fts]
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _indexed_title(title: str) -> bool:
@@ -120,24 +147,82 @@ def _indexed_title(title: str) -> bool:
     return bool(title.strip())
 
 
-def _has_field_tables(connection: sqlite3.Connection, collection_id: str) -> bool:
-    # Table names are ASCII case-insensitive in SQLite, as SQLite's lower() is.
+def _has_keyword_tables(connection: sqlite3.Connection, collection_id: str) -> bool:
+    names = [keyword_table_name(collection_id, suffix) for suffix in _KEYWORD_SUFFIXES]
     found = connection.execute(
-        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND lower(name) IN (lower(?), lower(?))",
-        (f"fts_{collection_id}:title", f"fts_{collection_id}:content"),
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?, ?)", names
     ).fetchone()[0]
-    return int(found) == 2
+    return int(found) == len(names)
 
 
-def _create_fts(connection: sqlite3.Connection, collection_id: str) -> None:
+# A collection's chunks with their document's title.
+_ROWS_OF = """FROM chunks k JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
+    WHERE k.collection_id = ?"""
+
+
+def _build_keyword_tables(connection: sqlite3.Connection, collection_id: str) -> None:
+    """(Re)create the collection's four keyword tables, filled from its chunk and document rows.
+
+    Runs inside the caller's write transaction. Nothing is read from an earlier keyword table (an old one
+    may hold another collection's rows), nothing is embedded again; the old-named tables are dropped.
+    """
+    for suffix in _KEYWORD_SUFFIXES:
+        connection.execute(f"DROP TABLE IF EXISTS {_quote(keyword_table_name(collection_id, suffix))}")
+    main, title = fts_table(collection_id), title_fts_table(collection_id)
+    content = content_fts_table(collection_id)
     connection.execute(
-        f"CREATE VIRTUAL TABLE IF NOT EXISTS {fts_table(collection_id)} "
-        "USING fts5(title, content, tokenize = 'porter unicode61')"
+        f"CREATE VIRTUAL TABLE {main} USING fts5(title, content, tokenize = 'porter unicode61')"
     )
     connection.execute(
-        f"CREATE VIRTUAL TABLE IF NOT EXISTS {vocabulary_table(collection_id)} "
-        f"USING fts5vocab({fts_table(collection_id)}, 'row')"
+        f"CREATE VIRTUAL TABLE {vocabulary_table(collection_id)} USING fts5vocab({main}, 'row')"
     )
+    connection.execute(f"CREATE VIRTUAL TABLE {title} USING fts5(title, tokenize = 'porter unicode61')")
+    connection.execute(
+        f"CREATE VIRTUAL TABLE {content} USING fts5(content, content = 'chunks', "
+        "content_rowid = 'rowid', tokenize = 'porter unicode61')"
+    )
+    # Streamed, not fetched: a collection can hold millions of chunks.
+    chunks = connection.execute(
+        f"INSERT INTO {main} (rowid, title, content) SELECT k.rowid, d.title, k.content {_ROWS_OF}",
+        (collection_id,),
+    ).rowcount
+    titles = connection.execute(f"SELECT k.rowid, d.title {_ROWS_OF}", (collection_id,))
+    connection.executemany(
+        f"INSERT INTO {title} (rowid, title) VALUES (?, ?)",
+        ((row[0], row[1]) for row in titles if _indexed_title(row[1])),
+    )
+    connection.execute(
+        f"INSERT INTO {content} (rowid, content) SELECT rowid, content FROM chunks WHERE collection_id = ?",
+        (collection_id,),
+    )
+    dropped = _drop_legacy_tables(connection, collection_id)
+    if chunks or dropped:
+        logger.info(
+            "built the keyword tables of %r from its rows (%d chunks; %d old tables dropped)",
+            collection_id,
+            chunks,
+            dropped,
+        )
+
+
+def _drop_legacy_tables(connection: sqlite3.Connection, collection_id: str) -> int:
+    """Drop the collection's keyword tables named by earlier versions; the number dropped.
+
+    Only virtual tables: an old name can be an FTS5 shadow table of another collection's old table (the
+    old 'fts_x_data' of 'x_data' was the '_data' of 'fts_x'), which goes when its own table does. The
+    name is matched as SQLite matches names, ASCII case-insensitively, as lower() compares.
+    """
+    dropped = 0
+    for legacy in _legacy_table_names(collection_id):
+        row = connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND lower(name) = lower(?) "
+            "AND sql LIKE 'CREATE VIRTUAL TABLE%'",
+            (legacy,),
+        ).fetchone()
+        if row is not None:
+            connection.execute(f"DROP TABLE {_quote(row[0])}")
+            dropped += 1
+    return dropped
 
 
 def _now() -> str:
@@ -171,6 +256,7 @@ class SqliteStore:
         self._indexes: dict[str, _VectorIndex] = {}
         self._generations: dict[str, int] = {}
         self._technique_indexes: list[TechniqueIndex] = []
+        self._keyword_ready: set[str] = set()  # collections whose keyword tables are known to exist
         with self._write_lock:
             connection = self._connection()
             connection.executescript(_SCHEMA)
@@ -178,77 +264,58 @@ class SqliteStore:
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
-        """Version 1 kept one FTS table for every collection; move its rows into per-collection tables."""
-        legacy = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'chunks_fts'").fetchone()
-        if legacy is None:
-            return
-        connection.execute("BEGIN IMMEDIATE")
-        for (collection_id,) in connection.execute("SELECT id FROM collections").fetchall():
-            _create_fts(connection, collection_id)
-            connection.execute(
-                f"""INSERT INTO {fts_table(collection_id)} (rowid, title, content)
-                    SELECT k.rowid, d.title, k.content FROM chunks k
-                    JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
-                    WHERE k.collection_id = ?""",
-                (collection_id,),
-            )
-        connection.execute("DROP TABLE chunks_fts")
-        connection.execute("COMMIT")
-        logger.info("migrated the keyword index to one FTS5 table per collection")
+        """Give every collection its keyword tables under the current names, one transaction each.
 
-    def _ensure_field_tables(self, connection: sqlite3.Connection, collection_id: str) -> None:
-        """Create the collection's title and content tables (multifield BM25) if absent, filled from its rows.
-
-        Runs inside the caller's write transaction, before it writes anything, so a collection that
-        predates these tables gets them from its stored chunk and document rows (nothing is embedded again)
-        and the caller's own writes then go to all three keyword tables.
+        Earlier versions named them after the raw collection id ('fts_<id>', 'vocab_<id>', 'fts_<id>:title',
+        'fts_<id>:content'; version 1 kept one 'chunks_fts' for all): such a collection gets its tables
+        rebuilt from its stored rows and its old tables dropped, in one transaction, so a crash leaves it
+        either as it was or done. Idempotent: a collection with its tables is left alone.
         """
-        if _has_field_tables(connection, collection_id):
-            return
-        title, content = title_fts_table(collection_id), content_fts_table(collection_id)
-        connection.execute(
-            f"CREATE VIRTUAL TABLE IF NOT EXISTS {title} USING fts5(title, tokenize = 'porter unicode61')"
-        )
-        connection.execute(
-            f"CREATE VIRTUAL TABLE IF NOT EXISTS {content} USING fts5(content, content = 'chunks', "
-            "content_rowid = 'rowid', tokenize = 'porter unicode61')"
-        )
-        rows = connection.execute(
-            """SELECT k.rowid, d.title FROM chunks k
-               JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
-               WHERE k.collection_id = ?""",
-            (collection_id,),
-        ).fetchall()
-        connection.executemany(
-            f"INSERT INTO {title} (rowid, title) VALUES (?, ?)",
-            [(row[0], row[1]) for row in rows if _indexed_title(row[1])],
-        )
-        connection.execute(
-            f"INSERT INTO {content} (rowid, content) "
-            "SELECT rowid, content FROM chunks WHERE collection_id = ?",
-            (collection_id,),
-        )
-        if rows:
-            logger.info(
-                "built the title and content keyword tables of %r (%d chunks)", collection_id, len(rows)
-            )
+        collections = [row[0] for row in connection.execute("SELECT id FROM collections ORDER BY id")]
+        for collection_id in collections:
+            if not _has_keyword_tables(connection, collection_id):
+                self._build_in_transaction(connection, collection_id)
+            self._keyword_ready.add(collection_id)
+        if connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'chunks_fts'").fetchone():
+            connection.execute("DROP TABLE IF EXISTS chunks_fts")
+            logger.info("dropped the version 1 keyword table (chunks_fts)")
 
-    def _prepare_field_tables(self, collection_id: str) -> None:
-        """Before a multifield search: build the field tables of an existing collection that predates them."""
-        connection = self._connection()
-        if _has_field_tables(connection, collection_id):
+    def _build_in_transaction(self, connection: sqlite3.Connection, collection_id: str) -> None:
+        """The collection's keyword tables if missing, in a write transaction of their own."""
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            self._ensure_keyword_tables(connection, collection_id)
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+
+    def _ensure_keyword_tables(self, connection: sqlite3.Connection, collection_id: str) -> None:
+        """Build the collection's keyword tables if any is missing (a collection from an earlier version).
+
+        Runs inside the caller's write transaction, before it writes anything, so the caller's own writes
+        then go to the new tables; checked there, as another process may have built them meanwhile.
+        """
+        if not _has_keyword_tables(connection, collection_id):
+            _build_keyword_tables(connection, collection_id)
+
+    def _prepare_keyword_tables(self, collection_id: str) -> None:
+        """Before a keyword read: build the tables of a collection that lacks them, once per collection.
+
+        Opening the store built every collection's; this covers one written since by an earlier version.
+        """
+        if collection_id in self._keyword_ready:
             return
-        with self._write_lock:
-            exists = connection.execute("SELECT 1 FROM collections WHERE id = ?", (collection_id,)).fetchone()
-            if exists is None:
-                return
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                self._ensure_field_tables(connection, collection_id)
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
+        connection = self._connection()
+        if not _has_keyword_tables(connection, collection_id):
+            with self._write_lock:
+                exists = connection.execute(
+                    "SELECT 1 FROM collections WHERE id = ?", (collection_id,)
+                ).fetchone()
+                if exists is None:
+                    return
+                self._build_in_transaction(connection, collection_id)
+        self._keyword_ready.add(collection_id)
 
     # Connections: one per thread, so concurrent readers never share a cursor (WAL lets them run together).
     def _connection(self) -> sqlite3.Connection:
@@ -307,13 +374,16 @@ class SqliteStore:
         with self._write_lock:
             connection = self._connection()
             connection.execute("BEGIN IMMEDIATE")
-            connection.execute(
-                "INSERT OR IGNORE INTO collections VALUES (?, ?, ?, ?, ?)",
-                (collection_id, embedding_model, dimension, now, now),
-            )
-            _create_fts(connection, collection_id)
-            self._ensure_field_tables(connection, collection_id)
-            connection.execute("COMMIT")
+            try:
+                connection.execute(
+                    "INSERT OR IGNORE INTO collections VALUES (?, ?, ?, ?, ?)",
+                    (collection_id, embedding_model, dimension, now, now),
+                )
+                self._ensure_keyword_tables(connection, collection_id)
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
         info = self.get_collection(collection_id)
         assert info is not None
         return info
@@ -337,7 +407,7 @@ class SqliteStore:
             connection = self._connection()
             connection.execute("BEGIN IMMEDIATE")
             try:
-                self._ensure_field_tables(connection, collection_id)
+                self._ensure_keyword_tables(connection, collection_id)
                 for document in documents:
                     created = connection.execute(
                         "SELECT created_at FROM documents WHERE collection_id = ? AND id = ?",
@@ -429,7 +499,7 @@ class SqliteStore:
             connection = self._connection()
             connection.execute("BEGIN IMMEDIATE")
             try:
-                self._ensure_field_tables(connection, collection_id)
+                self._ensure_keyword_tables(connection, collection_id)
                 deleted = self._delete_document_rows(connection, collection_id, document_id)
                 connection.execute(
                     "UPDATE collections SET updated_at = ? WHERE id = ?", (_now(), collection_id)
@@ -584,6 +654,7 @@ class SqliteStore:
         both columns (title weighted by title_weight), with one length per chunk; multifield: see
         _multifield_search.
         """
+        self._prepare_keyword_tables(collection_id)
         if scoring == "multifield":
             return self._multifield_search(collection_id, match, top_k, metadata_filter, title_weight)
         table = fts_table(collection_id)
@@ -626,7 +697,6 @@ class SqliteStore:
         and the top_k taken. The per-field top-k would not do: a chunk ranked low in both fields can
         outscore one ranked high in a single field.
         """
-        self._prepare_field_tables(collection_id)
         title = self._field_scores(title_fts_table(collection_id), match, metadata_filter)
         content = self._field_scores(content_fts_table(collection_id), match, metadata_filter)
         combined: dict[int, float] = {}
@@ -670,6 +740,7 @@ class SqliteStore:
 
     def term_document_counts(self, collection_id: str) -> dict[str, int]:
         """Every (stemmed) term of the collection's keyword index with the number of chunks holding it."""
+        self._prepare_keyword_tables(collection_id)
         rows = (
             self._connection().execute(f"SELECT term, doc FROM {vocabulary_table(collection_id)}").fetchall()
         )
