@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
 
 from iris_rag.stores.base import DocumentInput
 
@@ -41,3 +45,24 @@ class TechniqueIndex(Protocol):
 
     def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
         """How many of the collection's documents this index holds (fewer than stored: it needs a reindex)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEncoding:
+    """What one forward pass over a chunk's text gave: the dense embedding when it is exact, and tokens."""
+
+    dense: npt.NDArray[np.float32] | None
+    tokens: Any
+
+
+@runtime_checkable
+class ChunkEncodingSource(Protocol):
+    """An index whose own encoding of the chunk texts also yields their dense embeddings.
+
+    The ingestor then runs the model once per chunk instead of twice: it takes the dense vectors from
+    this pass (encoding apart only the chunks where `dense` is None) and hands the tokens to prepare()
+    through ChunkInput.tokens.
+    """
+
+    def encode_chunks(self, texts: list[str]) -> list[ChunkEncoding]:
+        """One encoding per text, in order."""

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.indexes.base import ChunkEncoding
 from iris_rag.ingestion.ingestor import embedding_text
 from iris_rag.models.embedder import Embedder
 from iris_rag.stores.base import DocumentInput
@@ -49,6 +50,8 @@ class TokenVectors:
     token_ids: Ids
     vectors: Floats
     truncated: bool = False
+    # The text's dense embedding from the same pass (encode(with_dense=True)), when it is exact; else None.
+    dense: Floats | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +149,31 @@ class TokenEncoder:
         return len(self.embedder.tokenizer)
 
     def encode(
-        self, texts: list[str], *, max_length: int = MAX_DOCUMENT_TOKENS, batch_size: int | None = None
+        self,
+        texts: list[str],
+        *,
+        max_length: int = MAX_DOCUMENT_TOKENS,
+        batch_size: int | None = None,
+        with_dense: bool = False,
     ) -> list[TokenVectors]:
         """Each text's kept word pieces (no special or punctuation tokens), projected and unit-length."""
-        return self.encode_async(texts, max_length=max_length, batch_size=batch_size).result()
+        return self.encode_async(
+            texts, max_length=max_length, batch_size=batch_size, with_dense=with_dense
+        ).result()
 
     def encode_async(
-        self, texts: list[str], *, max_length: int = MAX_DOCUMENT_TOKENS, batch_size: int | None = None
+        self,
+        texts: list[str],
+        *,
+        max_length: int = MAX_DOCUMENT_TOKENS,
+        batch_size: int | None = None,
+        with_dense: bool = False,
     ) -> Future[list[TokenVectors]]:
-        """encode(), started on the encode thread: the caller does other work (SQL) meanwhile."""
+        """encode(), started on the encode thread: the caller does other work (SQL) meanwhile.
+
+        `with_dense`: also give each text's dense embedding from the same hidden state, where that is
+        exactly what Embedder.encode computes (see dense_from_hidden); the ingest then skips its own pass.
+        """
         if not texts:
             done: Future[list[TokenVectors]] = Future()
             done.set_result([])
@@ -167,6 +186,7 @@ class TokenEncoder:
             import torch
 
             transformer = model[0].auto_model
+            dense_limit = min(max_length, model.max_seq_length) if with_dense and _mean_pooled(model) else 0
             results: list[TokenVectors | None] = [None] * len(texts)
             # Similar lengths batched together: padding is wasted work.
             order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -174,7 +194,8 @@ class TokenEncoder:
                 for start in range(0, len(order), batch):
                     positions = order[start : start + batch]
                     encoded = tokenizer(
-                        [texts[i] for i in positions],
+                        # Stripped, as sentence-transformers does, so both passes see the same ids.
+                        [texts[i].strip() for i in positions],
                         padding=True,
                         truncation=True,
                         max_length=max_length,
@@ -189,12 +210,14 @@ class TokenEncoder:
                     for row, position in enumerate(positions):
                         row_ids = ids[row][mask[row]].astype(np.int64)
                         keep = ~skip[row_ids]
-                        vectors = _unit(hidden[row][mask[row]][keep])
+                        states = hidden[row][mask[row]]
+                        vectors = _unit(states[keep])
                         projected = _unit(vectors @ projection) if vectors.size else vectors[:, :0]
                         results[position] = TokenVectors(
                             row_ids[keep],
                             np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
                             truncated=bool(mask[row].all()) and len(row_ids) >= max_length,
+                            dense=dense_from_hidden(states) if len(row_ids) < dense_limit else None,
                         )
             return [r for r in results if r is not None]
 
@@ -228,11 +251,8 @@ class TokenEncoder:
                 np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
                 truncated=len(ids) >= max_length,
             )
-            dense = None
-            if _mean_pooled_and_normalized(model) and len(ids) < min(max_length, model.max_seq_length):
-                mean = hidden.mean(axis=0)
-                dense = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
-            return QueryEncoding(dense, tokens)
+            exact = _mean_pooled(model) and len(ids) < min(max_length, model.max_seq_length)
+            return QueryEncoding(dense_from_hidden(hidden) if exact else None, tokens)
 
         return self.embedder.run_with_model(run, single=True)
 
@@ -245,7 +265,18 @@ class QueryEncoding:
     tokens: TokenVectors
 
 
-def _mean_pooled_and_normalized(model: Any) -> bool:
+def dense_from_hidden(states: Floats) -> Floats:
+    """A text's sentence embedding from its unpadded last hidden state: mean over every token, unit length.
+
+    Equal (up to float rounding) to what Embedder.encode returns when the model is transformer → mean
+    pooling → normalize (_mean_pooled) and the text was not cut shorter than the model would cut it.
+    """
+    mean = states.mean(axis=0)
+    dense: Floats = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
+    return dense
+
+
+def _mean_pooled(model: Any) -> bool:
     """Whether the sentence-transformers model is transformer → mean pooling → normalize, nothing else."""
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
@@ -295,11 +326,21 @@ class TokenVectorIndex:
             ) WITHOUT ROWID"""
         )
 
+    def encode_chunks(self, texts: list[str]) -> list[ChunkEncoding]:
+        """The ingest's one forward pass: token vectors for prepare(), and dense vectors where exact."""
+        return [ChunkEncoding(t.dense, t) for t in self.encoder.encode(texts, with_dense=True)]
+
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[PreparedChunk]:
-        """Encode every chunk of the batch (title + chunk text, as embedded) and quantize it."""
+        """Quantize each chunk's token vectors (title + chunk text, as embedded); encode those not given."""
         keys = [(d.id, f"{d.id}#{c.index}") for d in documents for c in d.chunks]
+        given = [
+            c.tokens if isinstance(c.tokens, TokenVectors) else None for d in documents for c in d.chunks
+        ]
         texts = [embedding_text(d.title, c.content) for d in documents for c in d.chunks]
-        encoded = self.encoder.encode(texts)
+        todo = [i for i, tokens in enumerate(given) if tokens is None]
+        for i, tokens in zip(todo, self.encoder.encode([texts[i] for i in todo]), strict=True):
+            given[i] = tokens
+        encoded = [t for t in given if t is not None]
         id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
         prepared = []
         for (document_id, chunk_id), tokens in zip(keys, encoded, strict=True):

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.errors import InvalidParametersError
-from iris_rag.indexes.base import TechniqueIndex
+from iris_rag.indexes.base import ChunkEncoding, ChunkEncodingSource, TechniqueIndex
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.models.embedder import Embedder
@@ -95,6 +95,10 @@ class Ingestor:
         self.store = store
         self.embedder = embedder
         self.technique_indexes = technique_indexes or []
+        # rag_colbert's index runs the model over every chunk anyway; its pass gives the dense vectors too.
+        self._encoding_source = next(
+            (i for i in self.technique_indexes if isinstance(i, ChunkEncodingSource)), None
+        )
 
     def ingest(
         self,
@@ -135,13 +139,21 @@ class Ingestor:
             accepted.append((doc_id, document, chunk_text(document.content, size=size, overlap=overlap)))
 
         texts = [embedding_text(doc.title, span.text) for _, doc, spans in accepted for span in spans]
-        vectors, result.embeddings_reused = self._embed(texts)
+        shared = self._encoding_source.encode_chunks(texts) if self._encoding_source and texts else None
+        vectors, result.embeddings_reused = self._embed(texts, shared)
 
         inputs: list[DocumentInput] = []
         row = 0
         for doc_id, doc, spans in accepted:
             chunks = [
-                ChunkInput(i, span.text, span.start, span.end, vectors[row + i])
+                ChunkInput(
+                    i,
+                    span.text,
+                    span.start,
+                    span.end,
+                    vectors[row + i],
+                    shared[row + i].tokens if shared else None,
+                )
                 for i, span in enumerate(spans)
             ]
             row += len(spans)
@@ -153,16 +165,25 @@ class Ingestor:
         result.time_ms = (time.perf_counter() - started) * 1000
         return result
 
-    def _embed(self, texts: list[str]) -> tuple[npt.NDArray[np.float32], int]:
-        """Vectors for the texts, from the cache where the same model already embedded the same text."""
+    def _embed(
+        self, texts: list[str], shared: list[ChunkEncoding] | None = None
+    ) -> tuple[npt.NDArray[np.float32], int]:
+        """Vectors for the texts, from the cache where the same model already embedded the same text.
+
+        `shared`: an index's forward pass over the same texts; its exact dense vectors are used as is.
+        """
         model = self.settings.embedding_model
         hashes = [hashlib.sha256(text.encode("utf-8")).digest()[:16] for text in texts]
         cached = self.store.cached_embeddings(model, list(set(hashes)))
+        known = {} if shared is None else {h: e.dense for h, e in zip(hashes, shared, strict=True)}
         missing = list({h: text for h, text in zip(hashes, texts, strict=True) if h not in cached}.items())
+        from_pass = [(h, v) for h, _ in missing if (v := known.get(h)) is not None]
+        to_encode = [(h, text) for h, text in missing if known.get(h) is None]
         # Embed the batch's new texts in one call: batching is where the encoder's throughput comes from.
-        fresh = self.embedder.encode([text for _, text in missing])
-        self.store.cache_embeddings(model, [(h, fresh[i]) for i, (h, _) in enumerate(missing)])
-        cached.update({h: fresh[i] for i, (h, _) in enumerate(missing)})
+        fresh = self.embedder.encode([text for _, text in to_encode])
+        new = [*from_pass, *((h, fresh[i]) for i, (h, _) in enumerate(to_encode))]
+        self.store.cache_embeddings(model, new)
+        cached.update(new)
         dimension = self.embedder.dimension
         vectors = np.stack([cached[h] for h in hashes]) if hashes else np.zeros((0, dimension), np.float32)
         return vectors, len(texts) - len(missing)

@@ -41,6 +41,9 @@ class ChunkInput:
     start_char: int
     end_char: int
     vector: npt.NDArray[np.float32]
+    # A technique index's token-level encoding of the chunk, when the ingest's one forward pass already
+    # made it (see indexes.base.ChunkEncodingSource); None: the index encodes the chunk itself.
+    tokens: Any = None
 
 
 @dataclass(frozen=True, slots=True)

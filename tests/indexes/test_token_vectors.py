@@ -176,3 +176,44 @@ def test_stats_report_the_store_size_within_the_budget(service: RagService) -> N
     assert stats["bytes_per_chunk"] == pytest.approx(stats["bytes"] / len(rows), abs=0.1)
     health = service.health_check({"include_details": True})
     assert health["components"]["vector_store"]["details"]["technique_indexes"]["colbert_tokens"] == stats
+
+
+def test_ingest_takes_dense_vectors_from_the_token_pass(service: RagService, monkeypatch: Any) -> None:
+    """With rag_colbert served, each chunk goes through the model once; the dense vectors are the same."""
+    import hashlib
+
+    from iris_rag.ingestion.ingestor import embedding_text
+
+    dense_calls: list[list[str]] = []
+    encode = service.embedder.encode
+
+    def spy(texts: list[str], **kwargs: Any) -> Any:
+        dense_calls.append(list(texts))
+        return encode(texts, **kwargs)
+
+    monkeypatch.setattr(service.embedder, "encode", spy)
+    # 600 word pieces in one chunk: longer than the model's 256, so its dense vector is the model's own cut.
+    long_text = "x, " * 300
+    documents: list[dict[str, Any]] = [*DOCUMENTS, {"id": "long", "title": "", "content": long_text}]
+    service.ingest({"collection_id": "docs", "documents": documents})
+
+    texts = {
+        chunk.chunk_id: embedding_text(str(d.get("title", "")), chunk.content)
+        for d in documents
+        for chunk in service.store.get_document_chunks("docs", str(d["id"]))
+    }
+    encoded_apart = {text for call in dense_calls for text in call}  # (NodeRAG's sentences are encoded too)
+    assert texts["long#0"] in encoded_apart, "the model cuts it at 256: the token pass is not its embedding"
+    short = [text for key, text in texts.items() if not key.startswith("long")]
+    assert short and not encoded_apart.intersection(short), "a chunk that fits goes through the model once"
+    model = service.settings.embedding_model
+    hashes = {key: hashlib.sha256(text.encode("utf-8")).digest()[:16] for key, text in texts.items()}
+    stored = service.store.cached_embeddings(model, list(hashes.values()))
+    expected = encode(list(texts.values()))
+    for row, key in enumerate(texts):
+        np.testing.assert_allclose(stored[hashes[key]], expected[row], atol=1e-5)
+    # The token rows are those a separate encode gives (up to int8 quantization).
+    separate = _index(service).encoder.encode([texts["aspirin#0"]])[0]
+    loaded = _index(service).load(service.store.connection(), "docs", ["aspirin#0"])["aspirin#0"]
+    np.testing.assert_array_equal(loaded.token_ids, separate.token_ids)
+    np.testing.assert_allclose(loaded.vectors(), separate.vectors, atol=loaded.scale)
