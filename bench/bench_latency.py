@@ -10,6 +10,7 @@ Each query goes through all four in turn, and overheads are medians of the paire
 drift of a shared machine cancels out. Also: how long a worker takes to give its first answer.
 
     .venv/bin/python -m bench.bench_latency [--corpus FILE --queries FILE] [--queries-limit N]
+        [--data-dir DIR --collection NAME]   (reuse a collection already ingested there, e.g. by eval)
 """
 
 from __future__ import annotations
@@ -35,26 +36,26 @@ from iris_rag.settings import Settings
 COLLECTION = "bench"
 
 
-def prepare(data_dir: Path, corpus: Path) -> None:
+def prepare(data_dir: Path, corpus: Path, collection: str) -> None:
     """Ingest the corpus once; later runs reuse the stored collection."""
     service = RagService(Settings(RAG_DATA_DIR=data_dir))
     try:
-        if service.store.get_collection(COLLECTION) is None:
+        if service.store.get_collection(collection) is None:
             records = read_jsonl(corpus)
             service.embedder.wait_ready()
             for i in range(0, len(records), 256):
                 batch = [
                     SourceDocument(r["_id"], r["text"], r.get("title", ""), {}) for r in records[i : i + 256]
                 ]
-                service.ingestor.ingest(COLLECTION, batch)
+                service.ingestor.ingest(collection, batch)
                 print(f"ingested {min(i + 256, len(records))}/{len(records)}", file=sys.stderr)
     finally:
         service.close()
 
 
-def arguments(query: str) -> dict[str, Any]:
+def arguments(query: str, collection: str) -> dict[str, Any]:
     """The rag_basic call every path makes (extractive answer, top 5)."""
-    return {"query": query, "collection_id": COLLECTION, "options": {"top_k": 5}}
+    return {"query": query, "collection_id": collection, "options": {"top_k": 5}}
 
 
 class JsonLinesProcess:
@@ -119,7 +120,7 @@ def first_answer_times(data_dir: Path, runs: int = 3) -> list[float]:
     return times
 
 
-async def measure(data_dir: Path, queries: list[str], warmup: int) -> dict[str, list[float]]:
+async def measure(data_dir: Path, collection: str, queries: list[str], warmup: int) -> dict[str, list[float]]:
     """Call rag_basic on every path for each query in turn, so drift on a shared machine hits all alike."""
     service = RagService(Settings(RAG_DATA_DIR=data_dir))
     service.embedder.wait_ready()
@@ -154,7 +155,7 @@ async def measure(data_dir: Path, queries: list[str], warmup: int) -> dict[str, 
                 assert not result.isError, result.content
 
             for i, query in enumerate(queries[:warmup] + queries):
-                args = arguments(query)
+                args = arguments(query, collection)
                 for path in times:
                     started = time.perf_counter()
                     if path == "direct":
@@ -182,6 +183,7 @@ def main() -> None:
     parser.add_argument("--queries-limit", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--data-dir", type=Path, default=None, help="default: bench/.data/<corpus folder>")
+    parser.add_argument("--collection", default=COLLECTION, help="ingested from --corpus if absent")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -189,10 +191,10 @@ def main() -> None:
         args.data_dir
         or ROOT / "bench" / ".data" / f"{args.corpus.parent.parent.name}-{args.corpus.parent.name}"
     )
-    prepare(data_dir, args.corpus)
+    prepare(data_dir, args.corpus, args.collection)
     queries = [q["text"] for q in read_jsonl(args.queries, args.queries_limit)]
 
-    times = anyio.run(measure, data_dir, queries, args.warmup)
+    times = anyio.run(measure, data_dir, args.collection, queries, args.warmup)
     first_answers = first_answer_times(data_dir)
 
     def paired_median(path: str) -> float:
@@ -203,6 +205,7 @@ def main() -> None:
         {
             "benchmark": "rag_basic latency (ms, extractive answer, top_k 5)",
             "corpus": str(args.corpus),
+            "collection": args.collection,
             "queries": len(queries),
             **{path: percentiles(samples) for path, samples in times.items()},
             "overhead_p50_ms": {
