@@ -658,22 +658,25 @@ class SqliteStore:
         if scoring == "multifield":
             return self._multifield_search(collection_id, match, top_k, metadata_filter, title_weight)
         table = fts_table(collection_id)
-        where, parameters = "", list[Any]()
-        if metadata_filter is not None:
+        if metadata_filter is None:
+            # Rank inside FTS5 first and look up only the top k chunk ids: joining every match to its
+            # chunk and document rows before the sort made the search 3-4x slower (16.9 ms against
+            # 4.7 ms p50 on SciFact's 10k chunks).
+            sql = f"""SELECT k.chunk_id, s.rank FROM (
+                    SELECT rowid, bm25({table}, ?, 1.0) AS rank FROM {table} WHERE {table} MATCH ?
+                    ORDER BY rank, rowid LIMIT ?
+                ) s JOIN chunks k ON k.rowid = s.rowid
+                ORDER BY s.rank, s.rowid"""
+            arguments: tuple[Any, ...] = (title_weight, match, top_k)
+        else:
             where, parameters = to_sql(metadata_filter)
-            where = f"AND {where}"
-        rows = (
-            self._connection()
-            .execute(
-                f"""SELECT k.chunk_id, bm25({table}, ?, 1.0) AS rank
+            sql = f"""SELECT k.chunk_id, bm25({table}, ?, 1.0) AS rank
                 FROM {table} JOIN chunks k ON k.rowid = {table}.rowid
                 JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
-                WHERE {table} MATCH ? {where}
-                ORDER BY rank LIMIT ?""",
-                (title_weight, match, *parameters, top_k),
-            )
-            .fetchall()
-        )
+                WHERE {table} MATCH ? AND {where}
+                ORDER BY rank, k.rowid LIMIT ?"""
+            arguments = (title_weight, match, *parameters, top_k)
+        rows = self._connection().execute(sql, arguments).fetchall()
         # FTS5's bm25() is negated so that ascending order is best first.
         return [ScoredChunk(row["chunk_id"], -float(row["rank"])) for row in rows]
 
