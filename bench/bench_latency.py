@@ -16,6 +16,7 @@ drift of a shared machine cancels out. Also: how long a worker takes to give its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -30,10 +31,12 @@ from mcp.client.stdio import stdio_client
 
 from bench.common import ROOT, SAMPLE, machine, median, percentiles, read_jsonl, write
 from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 
 COLLECTION = "bench"
+PATHS = ["worker", "mcp_raw", "mcp_client"]
 
 
 def prepare(data_dir: Path, corpus: Path, collection: str) -> None:
@@ -120,58 +123,57 @@ def first_answer_times(data_dir: Path, runs: int = 3) -> list[float]:
     return times
 
 
-async def measure(data_dir: Path, collection: str, queries: list[str], warmup: int) -> dict[str, list[float]]:
+async def measure(
+    data_dir: Path, collection: str, queries: list[str], warmup: int, paths: list[str]
+) -> dict[str, list[float]]:
     """Call rag_basic on every path for each query in turn, so drift on a shared machine hits all alike."""
     service = RagService(Settings(RAG_DATA_DIR=data_dir))
     service.embedder.wait_ready()
-    worker = JsonLinesProcess([sys.executable, "-m", "iris_rag.bridge"], data_dir)
     node = ["node", str(ROOT / "mcp-server" / "dist" / "index.js")]
-    raw = JsonLinesProcess(node, data_dir)
-    raw.request(
-        {
-            "jsonrpc": "2.0",
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "bench", "version": "0"},
-            },
-        }
-    )
-    raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    server = StdioServerParameters(
-        command=node[0],
-        args=node[1:],
-        env={**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING"},
-    )
-    times: dict[str, list[float]] = {"direct": [], "worker": [], "mcp_raw": [], "mcp_client": []}
-    try:
-        async with stdio_client(server) as (read, write_stream), ClientSession(read, write_stream) as session:
+    env = {**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING"}
+    times: dict[str, list[float]] = {path: [] for path in ["direct", *paths]}
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(service.close)
+        if "worker" in paths:
+            worker = JsonLinesProcess([sys.executable, "-m", "iris_rag.bridge"], data_dir)
+            stack.callback(worker.close)
+        if "mcp_raw" in paths:
+            raw = JsonLinesProcess(node, data_dir)
+            stack.callback(raw.close)
+            raw.request(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "bench", "version": "0"},
+                    },
+                }
+            )
+            raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if "mcp_client" in paths:
+            server = StdioServerParameters(command=node[0], args=node[1:], env=env)
+            read, write_stream = await stack.enter_async_context(stdio_client(server))
+            session = await stack.enter_async_context(ClientSession(read, write_stream))
             await session.initialize()
             await session.list_tools()  # the client validates results against the listed outputSchema
 
-            async def via_client(args: dict[str, Any]) -> None:
-                result = await session.call_tool("rag_basic", args)
-                assert not result.isError, result.content
-
-            for i, query in enumerate(queries[:warmup] + queries):
-                args = arguments(query, collection)
-                for path in times:
-                    started = time.perf_counter()
-                    if path == "direct":
-                        service.execute({"technique": "basic", "arguments": args})
-                    elif path == "worker":
-                        worker_call(worker, "execute", {"technique": "basic", "arguments": args})
-                    elif path == "mcp_raw":
-                        raw_mcp_call(raw, "rag_basic", args)
-                    else:
-                        await via_client(args)
-                    if i >= warmup:
-                        times[path].append((time.perf_counter() - started) * 1000)
-    finally:
-        worker.close()
-        raw.close()
-        service.close()
+        for i, query in enumerate(queries[:warmup] + queries):
+            args = arguments(query, collection)
+            for path in times:
+                started = time.perf_counter()
+                if path == "direct":
+                    service.execute({"technique": "basic", "arguments": args})
+                elif path == "worker":
+                    worker_call(worker, "execute", {"technique": "basic", "arguments": args})
+                elif path == "mcp_raw":
+                    raw_mcp_call(raw, "rag_basic", args)
+                else:
+                    result = await session.call_tool("rag_basic", args)
+                    assert not result.isError, result.content
+                if i >= warmup:
+                    times[path].append((time.perf_counter() - started) * 1000)
     return times
 
 
@@ -184,8 +186,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--data-dir", type=Path, default=None, help="default: bench/.data/<corpus folder>")
     parser.add_argument("--collection", default=COLLECTION, help="ingested from --corpus if absent")
+    parser.add_argument(
+        "--paths",
+        default=",".join(PATHS),
+        help="paths besides direct (fewer processes: less contention on a small machine)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    limit_blas_threads()  # as the worker and the CLI do
 
     data_dir = (
         args.data_dir
@@ -194,11 +202,23 @@ def main() -> None:
     prepare(data_dir, args.corpus, args.collection)
     queries = [q["text"] for q in read_jsonl(args.queries, args.queries_limit)]
 
-    times = anyio.run(measure, data_dir, args.collection, queries, args.warmup)
+    paths = [path for path in PATHS if path in args.paths.split(",")]
+    times = anyio.run(measure, data_dir, args.collection, queries, args.warmup, paths)
     first_answers = first_answer_times(data_dir)
 
-    def paired_median(path: str) -> float:
-        return median([t - d for t, d in zip(times[path], times["direct"], strict=True)])
+    def paired_median(path: str, base: str = "direct") -> float:
+        return median([t - d for t, d in zip(times[path], times[base], strict=True)])
+
+    overheads = {
+        name: paired_median(path, base)
+        for name, path, base in [
+            ("worker_bridge", "worker", "direct"),
+            ("front_end_and_bridge", "mcp_raw", "direct"),
+            ("front_end_alone", "mcp_raw", "worker"),
+            ("front_end_bridge_and_python_mcp_client", "mcp_client", "direct"),
+        ]
+        if path in times and base in times
+    }
 
     write(
         args.out,
@@ -208,11 +228,7 @@ def main() -> None:
             "collection": args.collection,
             "queries": len(queries),
             **{path: percentiles(samples) for path, samples in times.items()},
-            "overhead_p50_ms": {
-                "worker_bridge": paired_median("worker"),
-                "front_end_and_bridge": paired_median("mcp_raw"),
-                "front_end_bridge_and_python_mcp_client": paired_median("mcp_client"),
-            },
+            "overhead_p50_ms": overheads,
             "worker_first_answer_ms": {
                 "median": median(first_answers),
                 "runs": [round(t) for t in first_answers],

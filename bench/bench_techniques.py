@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from bench.common import SCIFACT, machine, percentiles, read_jsonl, write
+from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    limit_blas_threads()  # as the worker and the CLI do
 
     techniques = [t.strip() for t in args.techniques.split(",") if t.strip()]
     top_ks = [int(k) for k in args.top_k.split(",")]

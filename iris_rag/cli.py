@@ -16,6 +16,7 @@ from tqdm import tqdm
 from iris_rag.errors import RagError
 from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
 from iris_rag.models.embedder import Embedder, resolve_model_path
+from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    limit_blas_threads()
     settings = Settings()
     # Only commands that embed need the model loaded; `health --quick` must stay light.
     embedder = None if args.command != "health" or not args.quick else _idle_embedder(settings)

@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import BinaryIO
 
 from iris_rag.errors import RagError
+from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.worker.dispatch import CONTROL, Dispatcher
@@ -103,6 +104,7 @@ def _skip_rest_of_line(reader: BinaryIO) -> None:
 def main() -> None:
     """Entry point of `python -m iris_rag.bridge`."""
     output = claim_stdout()
+    limit_blas_threads()
     settings = Settings()
     logging.basicConfig(
         level=settings.log_level.upper(),
