@@ -186,7 +186,7 @@ class TokenEncoder:
             import torch
 
             transformer = model[0].auto_model
-            dense_limit = min(max_length, model.max_seq_length) if with_dense and _mean_pooled(model) else 0
+            dense_limit = _dense_limit(model, max_length) if with_dense else 0
             results: list[TokenVectors | None] = [None] * len(texts)
             # Similar lengths batched together: padding is wasted work.
             order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -251,7 +251,7 @@ class TokenEncoder:
                 np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
                 truncated=len(ids) >= max_length,
             )
-            exact = _mean_pooled(model) and len(ids) < min(max_length, model.max_seq_length)
+            exact = len(ids) < _dense_limit(model, max_length)
             return QueryEncoding(dense_from_hidden(hidden) if exact else None, tokens)
 
         return self.embedder.run_with_model(run, single=True)
@@ -274,6 +274,14 @@ def dense_from_hidden(states: Floats) -> Floats:
     mean = states.mean(axis=0)
     dense: Floats = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
     return dense
+
+
+def _dense_limit(model: Any, max_length: int) -> int:
+    """Below this many word pieces, a text's hidden states give its exact dense embedding (0: never).
+
+    Both cuts must leave the text whole: this pass's max_length and the model's own max_seq_length.
+    """
+    return min(max_length, model.max_seq_length) if _mean_pooled(model) else 0
 
 
 def _mean_pooled(model: Any) -> bool:
@@ -332,13 +340,12 @@ class TokenVectorIndex:
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[PreparedChunk]:
         """Quantize each chunk's token vectors (title + chunk text, as embedded); encode those not given."""
-        keys = [(d.id, f"{d.id}#{c.index}") for d in documents for c in d.chunks]
-        given = [
-            c.tokens if isinstance(c.tokens, TokenVectors) else None for d in documents for c in d.chunks
-        ]
-        texts = [embedding_text(d.title, c.content) for d in documents for c in d.chunks]
+        chunks = [(d, c) for d in documents for c in d.chunks]
+        keys = [(d.id, f"{d.id}#{c.index}") for d, c in chunks]
+        given = [c.tokens if isinstance(c.tokens, TokenVectors) else None for _, c in chunks]
         todo = [i for i, tokens in enumerate(given) if tokens is None]
-        for i, tokens in zip(todo, self.encoder.encode([texts[i] for i in todo]), strict=True):
+        texts = [embedding_text(chunks[i][0].title, chunks[i][1].content) for i in todo]
+        for i, tokens in zip(todo, self.encoder.encode(texts), strict=True):
             given[i] = tokens
         encoded = [t for t in given if t is not None]
         id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
