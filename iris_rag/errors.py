@@ -105,3 +105,9 @@ class SqlRejectedError(RagError):
     """A SQL statement failed the read-only guard or its execution limits; details.reason says why."""
 
     code = "SQL_REJECTED"
+
+
+class RequestCancelledError(RagError):
+    """The request was cancelled (by the client, or by the front end when it timed out) before it finished."""
+
+    code = "REQUEST_CANCELLED"

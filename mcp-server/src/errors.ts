@@ -14,6 +14,7 @@ export const ERROR_HINTS = {
   MODEL_UNAVAILABLE: "The embedding model could not be loaded; check rag_health_check and the server logs.",
   INDEX_NOT_BUILT: "The collection predates this technique's index; run `iris-rag reindex --collection NAME` once, then retry.",
   SQL_REJECTED: "The SQL statement was refused (details.reason says why); send one read-only SELECT over the tables rag_table_schema lists.",
+  REQUEST_CANCELLED: "The request was cancelled before it finished; nothing it would have written was kept. Send it again to run it.",
   TIMEOUT_EXCEEDED: "The request took too long; retry with a smaller top_k or fewer documents, or raise REQUEST_TIMEOUT_MS.",
   RATE_LIMIT_EXCEEDED: "Too many requests are waiting; retry after the running ones finish.",
   WORKER_CRASHED: "The Python worker stopped while handling the request; it restarts on the next call, so retry once.",
