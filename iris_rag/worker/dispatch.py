@@ -7,13 +7,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from iris_rag.cancellation import check_cancelled, current_token
 from iris_rag.errors import MethodNotFoundError, RagError
 from iris_rag.service import RagService
+from iris_rag.worker.protocol import TIMEOUT_REASON
 
 logger = logging.getLogger(__name__)
 
 # Cheap methods served on their own thread, so that slow queries never hold them up.
 CONTROL = frozenset({"describe", "health_check", "metrics", "list_collections", "record_call", "shutdown"})
+# `cancel` is answered by the reader thread itself (worker/server.py), never queued behind work.
 
 
 class Dispatcher:
@@ -39,6 +42,8 @@ class Dispatcher:
             if handler is None:
                 msg = f"unknown method {method!r}; known: {', '.join(sorted(self.methods))}"
                 raise MethodNotFoundError(msg)
+            # A request cancelled while it waited for a thread does not start at all.
+            check_cancelled()
             outcome: tuple[bool, dict[str, Any]] = (True, handler(params))
         except RagError as exc:
             error_code = exc.code
@@ -47,6 +52,10 @@ class Dispatcher:
             logger.exception("unexpected error in %s", method)
             error_code = "INTERNAL_ERROR"
             outcome = (False, {"code": error_code, "message": f"{type(exc).__name__}: {exc}"})
+        token = current_token()
+        if token is not None and token.cancelled:
+            # The client saw TIMEOUT_EXCEEDED (or nothing, after its cancel), whatever the work did after.
+            error_code = "TIMEOUT_EXCEEDED" if token.reason == TIMEOUT_REASON else "REQUEST_CANCELLED"
         if method in self.monitored:
             self._record(method, params, (time.perf_counter() - started) * 1000, error_code)
         return outcome

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +12,18 @@ import orjson
 from iris_rag.errors import MalformedRequestError
 
 RequestId = str | int | None
+
+# Why a request's token was set, by the `reason` a `cancel` request names; the monitor records a call
+# cancelled for "timeout" as TIMEOUT_EXCEEDED (the client saw that), any other as REQUEST_CANCELLED.
+CANCEL_REASONS = {
+    "timeout": "the call ran past the front end's REQUEST_TIMEOUT_MS",
+    "client": "cancelled by the client",
+}
+TIMEOUT_REASON = CANCEL_REASONS["timeout"]
+
+# The front end writes "id" first; this reads it from a line that is not valid JSON further on (a lone
+# surrogate, nesting past orjson's limit), so the error still reaches the call that sent it.
+_LEADING_ID = re.compile(rb'^\s*\{\s*"id"\s*:\s*(?:"((?:[^"\\]|\\.){0,200})"|(-?\d{1,18})\s*[,}])')
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +39,27 @@ def _timestamp() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+def read_request_id(line: bytes) -> RequestId:
+    """The id at the start of a request line, read without parsing the rest; None if there is none."""
+    match = _LEADING_ID.match(line[:512])
+    if match is None:
+        return None
+    if match.group(2) is not None:
+        return int(match.group(2))
+    try:
+        value = orjson.loads(b'"' + match.group(1) + b'"')
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
+
+
 def parse_request(line: bytes) -> Request:
     """Decode one line; raise MalformedRequestError (with the id, when one could be read)."""
     try:
         message = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         msg = f"line is not valid JSON: {exc}"
-        raise MalformedRequestError(msg) from exc
+        raise MalformedRequestError(msg, {"id": read_request_id(line)}) from exc
     if not isinstance(message, dict):
         msg = "a request must be a JSON object"
         raise MalformedRequestError(msg)

@@ -2,6 +2,11 @@
 
 No event loop sits between the two: a pool thread writes its own answer the moment it is done (under a
 lock, so lines never interleave), which saves a thread wake-up per request over handing the answer back.
+
+Each work request gets a CancelToken, current on the thread that runs it; a `cancel` request (the front
+end's client cancel or time-out) sets it, and the work stops at its next `check_cancelled()`. At most
+`max_in_flight` work requests are accepted at once (the front end's MAX_CONCURRENT_REQUESTS): a front end
+that gave up waiting on a wedged call cannot pile more calls into the pool than that.
 """
 
 from __future__ import annotations
@@ -11,20 +16,30 @@ import os
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from iris_rag.cancellation import CancelToken, cancellation_scope
 from iris_rag.errors import RagError
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.worker.dispatch import CONTROL, Dispatcher
-from iris_rag.worker.protocol import Request, error_line, parse_request, success_line
+from iris_rag.worker.protocol import (
+    CANCEL_REASONS,
+    Request,
+    RequestId,
+    error_line,
+    parse_request,
+    read_request_id,
+    success_line,
+)
 
 logger = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 256 * 1024 * 1024
 # Below the front end's 3 s before it kills the worker; an unfinished ingest simply rolls back.
 SHUTDOWN_GRACE_S = 2.5
+DEFAULT_MAX_IN_FLIGHT = 8
 
 
 def claim_stdout() -> BinaryIO:
@@ -38,14 +53,25 @@ def claim_stdout() -> BinaryIO:
 class WorkerServer:
     """Serves one request stream until EOF or a shutdown request."""
 
-    def __init__(self, dispatcher: Dispatcher, output: BinaryIO, work_threads: int) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        output: BinaryIO,
+        work_threads: int,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
         self.dispatcher = dispatcher
         self.output = output
+        self.max_in_flight = max_in_flight
+        # More threads than admitted requests would never be used.
+        self.work = ThreadPoolExecutor(min(work_threads, max_in_flight), thread_name_prefix="work")
         # Cheap control methods have their own threads, so slow queries never hold them up.
-        self.work = ThreadPoolExecutor(work_threads, thread_name_prefix="work")
         self.control = ThreadPoolExecutor(2, thread_name_prefix="control")
         self.running: set[Future[None]] = set()
         self._write_lock = threading.Lock()
+        # The token of every admitted work request, by request id, until its answer is written.
+        self._tokens: dict[RequestId, CancelToken] = {}
+        self._tokens_lock = threading.Lock()
 
     def write(self, line: bytes) -> None:
         """Write one whole response line; a pipe may take a large line in several writes."""
@@ -55,14 +81,58 @@ class WorkerServer:
                 written = self.output.write(view)
                 view = view[written or 0 :]
 
-    def answer(self, request: Request) -> None:
-        """Run one request and write its answer (on a pool thread)."""
-        ok, payload = self.dispatcher.call(request.method, request.params)
+    def answer(self, request: Request, token: CancelToken | None = None) -> None:
+        """Run one request and write its answer (on a pool thread), inside its cancellation scope."""
+        try:
+            if token is None:
+                ok, payload = self.dispatcher.call(request.method, request.params)
+            else:
+                with cancellation_scope(token):
+                    ok, payload = self.dispatcher.call(request.method, request.params)
+        finally:
+            with self._tokens_lock:
+                self._tokens.pop(request.id, None)
         try:
             self.write(success_line(request.id, payload) if ok else error_line(request.id, payload))
         except OSError as exc:
             # The front end has gone (a broken pipe): nobody is left to answer.
             logger.warning("could not answer request %r: %s", request.id, exc)
+
+    def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Set the token of a running or waiting request; unknown ids (already answered) are a no-op."""
+        reason = CANCEL_REASONS.get(str(params.get("reason")), CANCEL_REASONS["client"])
+        with self._tokens_lock:
+            token = self._tokens.get(params.get("request_id"))
+        if token is not None:
+            token.cancel(reason)
+        return {"cancelled": token is not None}
+
+    def cancel_all(self, reason: str) -> None:
+        """Cancel every admitted request (shutdown: an unfinished ingest rolls back at its checkpoint)."""
+        with self._tokens_lock:
+            tokens = list(self._tokens.values())
+        for token in tokens:
+            token.cancel(reason)
+
+    def submit(self, request: Request) -> None:
+        """Hand a request to its pool, or refuse it at once when the work pool is full."""
+        token: CancelToken | None = None
+        if request.method in CONTROL:
+            executor = self.control
+        else:
+            executor = self.work
+            token = CancelToken()
+            with self._tokens_lock:
+                full = len(self._tokens) >= self.max_in_flight
+                if not full:
+                    self._tokens[request.id] = token
+            if full:
+                message = f"{self.max_in_flight} requests already running (MAX_CONCURRENT_REQUESTS)"
+                self.write(error_line(request.id, {"code": "RATE_LIMIT_EXCEEDED", "message": message}))
+                return
+        future = executor.submit(self.answer, request, token)
+        self.running.add(future)
+        future.add_done_callback(self.running.discard)
 
     def serve(self, source: BinaryIO | None = None) -> bool:
         """Read until EOF or shutdown, then let running requests finish; False if some did not in time."""
@@ -73,7 +143,8 @@ class WorkerServer:
                 break
             if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
                 _skip_rest_of_line(reader)
-                self.write(error_line(None, {"code": "MALFORMED_REQUEST", "message": "line too long"}))
+                error = {"code": "MALFORMED_REQUEST", "message": "line too long"}
+                self.write(error_line(read_request_id(line), error))
                 continue
             if not line.strip():
                 continue
@@ -82,12 +153,14 @@ class WorkerServer:
             except RagError as exc:
                 self.write(error_line(exc.details.get("id"), exc.to_dict()))
                 continue
-            executor = self.control if request.method in CONTROL else self.work
-            future = executor.submit(self.answer, request)
-            self.running.add(future)
-            future.add_done_callback(self.running.discard)
+            if request.method == "cancel":
+                # Answered here, at once: a cancel must not wait behind the work it cancels.
+                self.write(success_line(request.id, self.cancel(request.params)))
+                continue
+            self.submit(request)
             if request.method == "shutdown":
                 break
+        self.cancel_all("the worker is shutting down")
         _, unfinished = wait(list(self.running), timeout=SHUTDOWN_GRACE_S)
         self.work.shutdown(wait=False, cancel_futures=True)
         self.control.shutdown(wait=False, cancel_futures=True)
@@ -101,6 +174,12 @@ def _skip_rest_of_line(reader: BinaryIO) -> None:
             return
 
 
+def _max_in_flight() -> int:
+    """The front end passes its MAX_CONCURRENT_REQUESTS down, so both sides hold the same bound."""
+    raw = os.environ.get("MAX_CONCURRENT_REQUESTS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_IN_FLIGHT
+
+
 def main() -> None:
     """Entry point of `python -m iris_rag.bridge`."""
     output = claim_stdout()
@@ -112,7 +191,7 @@ def main() -> None:
         format="%(asctime)s worker %(levelname)s %(message)s",
     )
     service = RagService(settings)
-    server = WorkerServer(Dispatcher(service), output, settings.worker_threads)
+    server = WorkerServer(Dispatcher(service), output, settings.worker_threads, _max_in_flight())
     logger.info("worker ready (pid %d, data %s)", os.getpid(), settings.database_path)
     drained = False
     try:

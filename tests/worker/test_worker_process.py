@@ -22,8 +22,8 @@ from tests.conftest import DOCUMENTS, ROOT
 class WorkerProcess:
     """`python -m iris_rag.bridge` with a thread collecting its stdout lines in arrival order."""
 
-    def __init__(self, data_dir: Path) -> None:
-        env = {**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING"}
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "RAG_DATA_DIR": str(data_dir), "LOG_LEVEL": "WARNING", **(env or {})}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "iris_rag.bridge"],
             cwd=ROOT,
@@ -46,9 +46,12 @@ class WorkerProcess:
             self.order.append(message["id"])
             self.responses.put(message)
 
-    def send(self, method: str, params: dict[str, Any] | None = None, raw: bytes | None = None) -> str:
+    def next_id(self) -> str:
         self._next += 1
-        request_id = f"r{self._next}"
+        return f"r{self._next}"
+
+    def send(self, method: str, params: dict[str, Any] | None = None, raw: bytes | None = None) -> str:
+        request_id = self.next_id()
         line = (
             raw
             if raw is not None
@@ -218,3 +221,67 @@ def test_shutdown_during_a_long_request_exits_cleanly_and_keeps_stored_data(tmp_
         assert count in (3, 303), "the interrupted ingest is all or nothing"
     finally:
         second.stop()
+
+
+def _bulk(count: int, prefix: str = "bulk") -> list[dict[str, str]]:
+    return [{"id": f"{prefix}-{i}", "content": f"Bulk document {i}. " * 200} for i in range(count)]
+
+
+def test_unreadable_lines_are_answered_with_their_id(worker: WorkerProcess) -> None:
+    # A lone surrogate (orjson refuses it) and nesting past orjson's depth limit: the rest of the line
+    # cannot be read, but the id at its start can, so the call that sent it is answered at once.
+    surrogate = worker.send(
+        "", raw=b'{"id":"lone","method":"execute","params":{"query":"insulin \\ud800 x"}}'
+    )
+    deep = b'{"id":"deep","method":"ingest","params":{"m":' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    worker.send("", raw=deep)
+    numeric = worker.send("", raw=b'{"id": 42, "method": "describe", "params": {"x": "\\udc00"}}')
+    assert surrogate and numeric
+    for request_id in ("lone", "deep", 42):
+        answer = worker.wait_for(request_id, timeout=10)
+        assert answer["success"] is False
+        assert answer["error"]["code"] == "MALFORMED_REQUEST"
+    assert worker.call("describe")["success"]
+    assert worker.all_lines_are_json()
+
+
+def test_a_cancelled_request_that_waits_for_a_thread_never_runs(tmp_path: Path) -> None:
+    worker = WorkerProcess(tmp_path / "data", {"WORKER_THREADS": "1"})
+    try:
+        slow = worker.send("ingest", {"collection_id": "first", "documents": _bulk(20)})
+        waiting = worker.send("ingest", {"collection_id": "cancelled", "documents": DOCUMENTS})
+        timed_out = worker.send("ingest", {"collection_id": "timed-out", "documents": DOCUMENTS})
+        cancel = worker.call("cancel", {"request_id": waiting})
+        assert cancel["result"] == {"cancelled": True}
+        worker.call("cancel", {"request_id": timed_out, "reason": "timeout"})
+        assert worker.call("cancel", {"request_id": "no-such-request"})["result"] == {"cancelled": False}
+
+        assert worker.wait_for(waiting)["error"]["code"] == "REQUEST_CANCELLED"
+        assert worker.wait_for(timed_out)["error"]["code"] == "REQUEST_CANCELLED"
+        assert worker.wait_for(slow)["success"]
+        listed = worker.call("list_collections")["result"]["collections"]
+        assert [c["id"] for c in listed] == ["first"], "the cancelled ingests wrote nothing"
+        # Each is recorded once, as the client saw it: a time-out as TIMEOUT_EXCEEDED.
+        metrics = worker.call("metrics", {"time_range": "1h"})["result"]
+        assert metrics["by_tool"]["rag_ingest"]["error_codes"] == {
+            "REQUEST_CANCELLED": 1,
+            "TIMEOUT_EXCEEDED": 1,
+        }
+    finally:
+        worker.stop()
+
+
+def test_never_accepts_more_work_than_max_concurrent_requests(tmp_path: Path) -> None:
+    worker = WorkerProcess(tmp_path / "data", {"MAX_CONCURRENT_REQUESTS": "1"})
+    try:
+        slow = worker.send("ingest", {"collection_id": "first", "documents": _bulk(20)})
+        refused = worker.wait_for(
+            worker.send("ingest", {"collection_id": "second", "documents": DOCUMENTS}), 10
+        )
+        assert refused["error"]["code"] == "RATE_LIMIT_EXCEEDED"
+        # Control methods have their own lane and are not counted.
+        assert worker.call("describe")["success"]
+        assert worker.wait_for(slow)["success"]
+        assert worker.call("ingest", {"collection_id": "second", "documents": DOCUMENTS})["success"]
+    finally:
+        worker.stop()
