@@ -17,7 +17,7 @@ from iris_rag.models.generators import create_generator
 from iris_rag.monitor import Monitor
 from iris_rag.pipelines.base import PipelineContext, TechniqueRequest
 from iris_rag.pipelines.registry import PIPELINES
-from iris_rag.schemas import technique_tools, tool_specs
+from iris_rag.schemas import served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
 from iris_rag.stores.factory import create_store
 from iris_rag.validation import validate_arguments
@@ -81,8 +81,7 @@ class RagService:
 
     def describe(self, _params: dict[str, Any] | None = None) -> dict[str, Any]:
         """The server's tools and their schemas (what the MCP front end lists)."""
-        served = {self._tool_by_technique[t] for t in self.pipelines}
-        tools = [spec for spec in tool_specs() if "technique" not in spec["bridge"] or spec["name"] in served]
+        tools = served_tool_specs(self.pipelines)
         return {"server": {"name": "iris-rag", "version": __version__}, "tools": tools}
 
     def tool_for(self, method: str, params: dict[str, Any]) -> tuple[str, str | None]:

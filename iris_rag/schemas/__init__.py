@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Collection
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,19 @@ def technique_tools() -> dict[str, str]:
     return {
         spec["bridge"]["technique"]: spec["name"] for spec in _load_tools() if "technique" in spec["bridge"]
     }
+
+
+def technique_of(spec: JsonObject) -> str | None:
+    """The technique a tool needs (bridge.technique, or bridge.served_by); None for tools always served."""
+    bridge: JsonObject = spec["bridge"]
+    technique = bridge.get("technique") or bridge.get("served_by")
+    return technique if isinstance(technique, str) else None
+
+
+def served_tool_specs(techniques: Collection[str]) -> list[JsonObject]:
+    """The tools served with these techniques: a tool is listed iff it is served.
+
+    The front end builds the same list from these files (mcp-server/src/schemas.ts) to list the tools
+    without the worker.
+    """
+    return [spec for spec in tool_specs() if (t := technique_of(spec)) is None or t in techniques]

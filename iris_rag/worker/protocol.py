@@ -89,3 +89,8 @@ def error_line(request_id: RequestId, error: dict[str, Any]) -> bytes:
         {"id": request_id, "success": False, "error": error, "timestamp": _timestamp()},
         option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY,
     )
+
+
+def ready_line(pid: int) -> bytes:
+    """The line written once the worker can serve: it tells a start-up failure from a crash."""
+    return orjson.dumps({"id": None, "event": "ready", "pid": pid}, option=orjson.OPT_APPEND_NEWLINE)

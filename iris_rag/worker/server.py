@@ -31,6 +31,7 @@ from iris_rag.worker.protocol import (
     error_line,
     parse_request,
     read_request_id,
+    ready_line,
     success_line,
 )
 
@@ -193,6 +194,7 @@ def main() -> None:
     service = RagService(settings)
     server = WorkerServer(Dispatcher(service), output, settings.worker_threads, _max_in_flight())
     logger.info("worker ready (pid %d, data %s)", os.getpid(), settings.database_path)
+    server.write(ready_line(os.getpid()))
     drained = False
     try:
         drained = server.serve()

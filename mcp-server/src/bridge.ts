@@ -12,27 +12,64 @@ export interface BridgeOptions {
   requestTimeoutMs: number;
   maxConcurrentRequests: number;
   maxQueuedRequests: number;
+  /**
+   * How long a timed-out or cancelled call keeps its slot while the worker stops it (it answers at its next
+   * cancellation checkpoint); past this the slot is freed anyway, so a wedged call cannot hold it forever.
+   */
+  cancelGraceMs?: number;
   /** How long stop() waits for the worker to exit after `shutdown` before killing it. */
   shutdownGraceMs?: number;
+}
+
+/**
+ * `work` calls take one of MAX_CONCURRENT_REQUESTS slots and wait in the queue for one; `control` calls
+ * (cheap methods the worker serves on their own threads, and the bridge's own record_call and cancel)
+ * are written at once, so a full queue never holds up a health check or the record of a refused call.
+ */
+export type Lane = "work" | "control";
+
+/** The worker's cheap methods (iris_rag/worker/dispatch.py CONTROL, plus `cancel`). */
+const CONTROL_METHODS = new Set(["describe", "health_check", "metrics", "list_collections", "record_call", "cancel", "shutdown"]);
+
+export interface RequestOptions {
+  timeoutMs?: number;
+  /** Aborting it cancels the call: dropped if still queued, else the worker is told to stop it. */
+  signal?: AbortSignal;
 }
 
 interface Call {
   id: string;
   method: string;
-  params: object;
+  lane: Lane;
+  /** The whole request line, serialized when the call is made (so a write can never throw). */
+  line: string;
   resolve: (result: unknown) => void;
   reject: (error: BridgeError) => void;
-  timer: NodeJS.Timeout;
+  timer?: NodeJS.Timeout;
+  /** The caller has its answer (result, error, time-out or cancel); the slot may still be held. */
+  answered: boolean;
+  onAbort?: () => void;
+  signal?: AbortSignal;
 }
 
 interface WorkerResponse {
-  id: string | null;
+  id: string | number | null;
   success: boolean;
   result?: unknown;
   error?: { code?: unknown; message?: unknown; details?: unknown };
 }
 
 const STDERR_TAIL_CHARS = 2_000;
+const DEFAULT_CANCEL_GRACE_MS = 30_000;
+
+/** The line of a worker's stderr that says why it failed: its last error or exception line, else its last line. */
+export function causeFromStderr(stderr: string): string | undefined {
+  const lines = stderr
+    .split("\n")
+    .map((line) => line.trim())
+    .filter(Boolean);
+  return [...lines].reverse().find((line) => /(Error|Exception)\b|^fatal\b/i.test(line)) ?? lines.at(-1);
+}
 
 /**
  * Owns the one long-lived Python worker (`python -m iris_rag.bridge`) and speaks its JSON-lines
@@ -40,10 +77,15 @@ const STDERR_TAIL_CHARS = 2_000;
  */
 export class WorkerBridge {
   private worker?: ChildProcessWithoutNullStreams;
-  private readonly inFlight = new Map<string, Call>();
+  /** Calls written to the worker and not yet answered by it (or released after the cancel grace). */
+  private readonly sent = new Map<string, Call>();
   private readonly queue: Call[] = [];
+  /** Work-lane calls holding a slot: sent, and not yet answered by the worker or released. */
+  private busySlots = 0;
   private nextId = 0;
   private stopped = false;
+  /** Whether the current worker has answered anything: if it exits before, it never started. */
+  private workerReady = false;
   /** The id of stop()'s `shutdown` request, whose answer nobody waits for. */
   private shutdownId?: string;
   /** Last worker stderr, attached to WORKER_CRASHED so the caller sees why it died. */
@@ -56,67 +98,104 @@ export class WorkerBridge {
     return this.worker?.pid;
   }
 
+  /** Work-lane slots held now: calls the worker may still be running (tests check they are released). */
+  get slotsInUse(): number {
+    return this.busySlots;
+  }
+
   /** Send one request; resolves with the worker's `result`, rejects with a BridgeError. */
-  request(method: string, params: object = {}, timeoutMs = this.options.requestTimeoutMs): Promise<unknown> {
+  request(method: string, params: object = {}, options: RequestOptions = {}): Promise<unknown> {
+    const { timeoutMs = this.options.requestTimeoutMs, signal } = options;
     return new Promise((resolve, reject) => {
       if (this.stopped) {
         reject(new BridgeError("WORKER_UNAVAILABLE", "The bridge is shut down"));
         return;
       }
-      const atCapacity = this.inFlight.size >= this.options.maxConcurrentRequests;
-      if (atCapacity && this.queue.length >= this.options.maxQueuedRequests) {
+      if (signal?.aborted) {
+        reject(new BridgeError("REQUEST_CANCELLED", `${method} was cancelled before it was sent`));
+        return;
+      }
+      const lane: Lane = CONTROL_METHODS.has(method) ? "control" : "work";
+      const atCapacity = this.busySlots >= this.options.maxConcurrentRequests;
+      if (lane === "work" && atCapacity && this.queue.length >= this.options.maxQueuedRequests) {
         reject(
           new BridgeError(
             "RATE_LIMIT_EXCEEDED",
-            `${this.inFlight.size} requests running and ${this.queue.length} queued (MAX_QUEUED_REQUESTS=${this.options.maxQueuedRequests})`,
+            `${this.busySlots} requests running and ${this.queue.length} queued (MAX_QUEUED_REQUESTS=${this.options.maxQueuedRequests})`,
           ),
         );
         return;
       }
       const id = String(++this.nextId);
+      let line: string;
+      try {
+        line = `${JSON.stringify({ id, method, params, timestamp: new Date().toISOString() })}\n`;
+      } catch (error) {
+        // Too deep for the stack, a BigInt, a cycle: refuse this call, never throw out of a write.
+        reject(new BridgeError("INVALID_PARAMETERS", `The arguments cannot be sent as JSON: ${(error as Error).message}`));
+        return;
+      }
+      const call: Call = { id, method, lane, line, resolve, reject, answered: false, signal };
       // The clock runs from the call, not from dispatch: time spent queued counts against the limit.
-      const timer = setTimeout(() => this.expire(id, method, timeoutMs), timeoutMs);
-      this.queue.push({ id, method, params, resolve, reject, timer });
-      this.pump();
+      call.timer = setTimeout(() => this.expire(call, timeoutMs), timeoutMs);
+      if (signal) {
+        call.onAbort = () => this.abort(call);
+        signal.addEventListener("abort", call.onAbort, { once: true });
+      }
+      if (lane === "control") {
+        const worker = this.worker ?? this.startWorker();
+        if (worker) this.send(worker, call);
+        else this.answer(call, new BridgeError("WORKER_UNAVAILABLE", `Cannot start ${this.options.python}`));
+      } else {
+        this.queue.push(call);
+        this.pump();
+      }
     });
   }
 
   /** Ask the worker to shut down, kill it after the grace period, and fail everything pending. */
   async stop(): Promise<void> {
     this.stopped = true;
-    for (const call of this.queue.splice(0)) this.settle(call, new BridgeError("WORKER_UNAVAILABLE", "The bridge is shut down"));
+    for (const call of this.queue.splice(0)) this.answer(call, new BridgeError("WORKER_UNAVAILABLE", "The bridge is shut down"));
     const worker = this.worker;
     if (!worker || worker.exitCode !== null || worker.signalCode !== null) return;
     const exited = new Promise<void>((resolve) => worker.once("exit", () => resolve()));
     this.shutdownId = String(++this.nextId);
-    this.write(worker, { id: this.shutdownId, method: "shutdown", params: {}, timestamp: new Date().toISOString() });
+    this.write(worker, `${JSON.stringify({ id: this.shutdownId, method: "shutdown", params: {} })}\n`);
     worker.stdin.end();
     const grace = setTimeout(() => worker.kill("SIGKILL"), this.options.shutdownGraceMs ?? 3_000);
     await exited;
     clearTimeout(grace);
   }
 
-  /** Move queued calls to the worker while there is room, starting a worker if none runs. */
+  /** Move queued calls to the worker while there is a free slot, starting a worker if none runs. */
   private pump(): void {
-    while (!this.stopped && this.queue.length > 0 && this.inFlight.size < this.options.maxConcurrentRequests) {
+    while (!this.stopped && this.queue.length > 0 && this.busySlots < this.options.maxConcurrentRequests) {
       const worker = this.worker ?? this.startWorker();
       if (!worker) return;
-      const call = this.queue.shift()!;
-      this.inFlight.set(call.id, call);
-      this.write(worker, { id: call.id, method: call.method, params: call.params, timestamp: new Date().toISOString() });
+      this.send(worker, this.queue.shift()!);
     }
+  }
+
+  private send(worker: ChildProcessWithoutNullStreams, call: Call): void {
+    this.sent.set(call.id, call);
+    if (call.lane === "work") this.busySlots += 1;
+    this.write(worker, call.line);
   }
 
   private startWorker(): ChildProcessWithoutNullStreams | undefined {
     const { python, cwd, env = process.env } = this.options;
     let worker: ChildProcessWithoutNullStreams;
     try {
-      worker = spawn(python, ["-m", "iris_rag.bridge"], { cwd, env, stdio: ["pipe", "pipe", "pipe"] });
+      // The worker admits no more work than we send it: both sides hold the same bound.
+      const workerEnv = { ...env, MAX_CONCURRENT_REQUESTS: String(this.options.maxConcurrentRequests) };
+      worker = spawn(python, ["-m", "iris_rag.bridge"], { cwd, env: workerEnv, stdio: ["pipe", "pipe", "pipe"] });
     } catch (error) {
       this.failAll(new BridgeError("WORKER_UNAVAILABLE", `Cannot start ${python}: ${(error as Error).message}`));
       return undefined;
     }
     this.worker = worker;
+    this.workerReady = false;
     this.stderrTail = "";
     if (worker.pid !== undefined) console.error(`[iris-rag] started worker pid ${worker.pid}: ${python} -m iris_rag.bridge`);
 
@@ -136,31 +215,34 @@ export class WorkerBridge {
         console.error(`[iris-rag] worker error: ${error.message}`);
       }
     });
-    worker.once("exit", (code, signal) => {
-      const how = signal ? `was killed by ${signal}` : `exited with code ${code}`;
-      const tail = this.stderrTail.trim();
-      const error = this.stopped
-        ? new BridgeError("WORKER_UNAVAILABLE", `The Python worker stopped (it ${how})`)
-        : new BridgeError("WORKER_CRASHED", `The Python worker ${how}`, {
-            exit_code: code,
-            signal,
-            ...(tail && { stderr_tail: tail }),
-          });
-      this.onWorkerGone(worker, error);
-    });
+    worker.once("exit", (code, signal) => this.onWorkerGone(worker, this.exitError(python, code, signal)));
     return worker;
+  }
+
+  /** Why the worker went: stopped by us, never started (the cause from its stderr), or crashed mid-request. */
+  private exitError(python: string, code: number | null, signal: NodeJS.Signals | null): BridgeError {
+    const how = signal ? `was killed by ${signal}` : `exited with code ${code}`;
+    if (this.stopped) return new BridgeError("WORKER_UNAVAILABLE", `The Python worker stopped (it ${how})`);
+    const tail = this.stderrTail.trim();
+    const details = { exit_code: code, signal, ...(tail && { stderr_tail: tail }) };
+    if (!this.workerReady) {
+      // A worker that never answered cannot start (a missing package, a bad setting): a retry fails the same way.
+      const cause = causeFromStderr(tail) ?? "no error output";
+      return new BridgeError("WORKER_UNAVAILABLE", `The Python worker (${python}) ${how} during start-up: ${cause}`, { ...details, cause });
+    }
+    return new BridgeError("WORKER_CRASHED", `The Python worker ${how}`, details);
   }
 
   /** Fail what the dead worker held; queued calls go to a fresh worker started on demand. */
   private onWorkerGone(worker: ChildProcessWithoutNullStreams, error: BridgeError): void {
     if (this.worker !== worker) return;
     this.worker = undefined;
-    const failed = this.inFlight.size > 0 ? `; ${this.inFlight.size} in-flight request(s) failed` : "";
+    const failed = this.sent.size > 0 ? `; ${this.sent.size} in-flight request(s) failed` : "";
     console.error(`[iris-rag] ${error.message}${failed}`);
-    for (const call of [...this.inFlight.values()]) this.settle(call, error);
+    for (const call of [...this.sent.values()]) this.finish(call, error);
     if (error.code === "WORKER_UNAVAILABLE") {
-      // The executable itself is missing: retrying the queue would spin; fail it too.
-      for (const call of this.queue.splice(0)) this.settle(call, error);
+      // The worker cannot start: retrying the queue would spin; fail it too (the next call tries again).
+      for (const call of this.queue.splice(0)) this.answer(call, error);
     }
     this.pump();
   }
@@ -170,28 +252,34 @@ export class WorkerBridge {
     let response: WorkerResponse;
     try {
       const parsed: unknown = JSON.parse(line);
+      if (isObject(parsed) && parsed.event === "ready") {
+        this.workerReady = true;
+        return;
+      }
       if (!isObject(parsed) || typeof parsed.success !== "boolean") throw new Error("not a response object");
       response = parsed as unknown as WorkerResponse;
     } catch (error) {
       console.error(`[iris-rag] ignoring worker stdout line (${(error as Error).message}): ${line.slice(0, 500)}`);
       return;
     }
-    const call = typeof response.id === "string" ? this.inFlight.get(response.id) : undefined;
+    this.workerReady = true;
+    const id = response.id === null ? null : String(response.id);
+    const call = id === null ? undefined : this.sent.get(id);
     if (!call) {
-      if (response.id === this.shutdownId) return;
-      if (response.id === null) {
-        // The worker could not read one of our lines, so it cannot say which request it was.
+      if (id !== null && id === this.shutdownId) return;
+      if (id === null) {
+        // The worker could not read one of our lines, not even its id; the call fails at its time-out.
         console.error(`[iris-rag] the worker rejected an unreadable request: ${JSON.stringify(response.error)}`);
       } else {
-        console.error(`[iris-rag] dropping a late answer for request ${JSON.stringify(response.id)} (timed out or failed)`);
+        console.error(`[iris-rag] dropping an answer for request ${JSON.stringify(id)} (its slot was already released)`);
       }
       return;
     }
     if (response.success) {
-      this.settle(call, undefined, response.result);
+      this.finish(call, undefined, response.result);
     } else {
       const { code, message, details } = response.error ?? {};
-      this.settle(
+      this.finish(
         call,
         new BridgeError(
           typeof code === "string" ? code : "INTERNAL_ERROR",
@@ -202,30 +290,83 @@ export class WorkerBridge {
     }
   }
 
-  private expire(id: string, method: string, timeoutMs: number): void {
-    const index = this.queue.findIndex((call) => call.id === id);
-    const call = index >= 0 ? this.queue.splice(index, 1)[0] : this.inFlight.get(id);
-    if (call) this.settle(call, new BridgeError("TIMEOUT_EXCEEDED", `${method} did not answer within ${timeoutMs} ms`, { timeout_ms: timeoutMs }));
+  private expire(call: Call, timeoutMs: number): void {
+    const queued = this.dropQueued(call);
+    const error = new BridgeError("TIMEOUT_EXCEEDED", `${call.method} did not answer within ${timeoutMs} ms`, {
+      timeout_ms: timeoutMs,
+      // Whether the worker ever got it: if not, only the front end can record the call.
+      stage: queued ? "queued" : "running",
+    });
+    this.answer(call, error);
+    if (!queued) this.drain(call, "timeout");
+  }
+
+  private abort(call: Call): void {
+    if (call.answered) return;
+    const queued = this.dropQueued(call);
+    this.answer(call, new BridgeError("REQUEST_CANCELLED", `${call.method} was cancelled by the client`, { stage: queued ? "queued" : "running" }));
+    if (!queued) this.drain(call, "client");
+  }
+
+  private dropQueued(call: Call): boolean {
+    const index = this.queue.indexOf(call);
+    if (index >= 0) this.queue.splice(index, 1);
+    return index >= 0;
   }
 
   /**
-   * Resolve or reject exactly once, forget the id (so a late answer is dropped) and free its slot.
-   * A timed-out call frees its slot too, even though the worker may still be busy with it: a hung
-   * request must not block the queue forever.
+   * The caller has its answer but the worker may still be running the call: tell the worker to stop it and
+   * keep its slot until the worker answers (REQUEST_CANCELLED at its next checkpoint, or its late result),
+   * or at most cancelGraceMs, so the worker never runs more calls than MAX_CONCURRENT_REQUESTS.
    */
-  private settle(call: Call, error?: BridgeError, result?: unknown): void {
+  private drain(call: Call, reason: "timeout" | "client"): void {
+    if (call.lane === "control" || !this.sent.has(call.id)) {
+      this.release(call);
+      return;
+    }
+    this.request("cancel", { request_id: call.id, reason }).catch((error: unknown) =>
+      console.error(`[iris-rag] could not cancel request ${call.id}: ${String(error)}`),
+    );
+    const graceMs = this.options.cancelGraceMs ?? DEFAULT_CANCEL_GRACE_MS;
+    call.timer = setTimeout(() => {
+      console.error(`[iris-rag] request ${call.id} (${call.method}) did not stop within ${graceMs} ms of its cancel; freeing its slot`);
+      this.release(call);
+    }, graceMs);
+  }
+
+  /** The worker answered (or died): give the caller its answer if it has none yet, and free the slot. */
+  private finish(call: Call, error?: BridgeError, result?: unknown): void {
+    if (call.answered) console.error(`[iris-rag] request ${call.id} (${call.method}) stopped after its time-out or cancel`);
+    this.answer(call, error, result);
+    this.release(call);
+  }
+
+  /** Resolve or reject exactly once. */
+  private answer(call: Call, error?: BridgeError, result?: unknown): void {
+    if (call.answered) return;
+    call.answered = true;
     clearTimeout(call.timer);
-    const wasInFlight = this.inFlight.delete(call.id);
+    if (call.onAbort) call.signal?.removeEventListener("abort", call.onAbort);
     if (error) call.reject(error);
     else call.resolve(result);
-    if (wasInFlight) queueMicrotask(() => this.pump());
+  }
+
+  /** Forget the id (so a later answer is dropped) and free its slot, exactly once. */
+  private release(call: Call): void {
+    clearTimeout(call.timer);
+    if (!this.sent.delete(call.id)) return;
+    if (call.lane === "work") {
+      this.busySlots -= 1;
+      queueMicrotask(() => this.pump());
+    }
   }
 
   private failAll(error: BridgeError): void {
-    for (const call of [...this.inFlight.values(), ...this.queue.splice(0)]) this.settle(call, error);
+    for (const call of [...this.sent.values()]) this.finish(call, error);
+    for (const call of this.queue.splice(0)) this.answer(call, error);
   }
 
-  private write(worker: ChildProcessWithoutNullStreams, message: object): void {
-    if (worker.stdin.writable) worker.stdin.write(`${JSON.stringify(message)}\n`);
+  private write(worker: ChildProcessWithoutNullStreams, line: string): void {
+    if (worker.stdin.writable) worker.stdin.write(line);
   }
 }

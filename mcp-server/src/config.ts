@@ -2,6 +2,8 @@ import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
+import { parseTechniques } from "./schemas.js";
+
 /** Everything the front end reads from the environment, parsed once at start. */
 export interface Config {
   /** The repository root: the worker runs here so `-m iris_rag.bridge` resolves. */
@@ -13,6 +15,10 @@ export interface Config {
   maxQueuedRequests: number;
   /** Limit for the worker's first answer (`describe`), which includes the Python start. */
   workerStartTimeoutMs: number;
+  /** How long a timed-out or cancelled call keeps its slot while the worker stops it. */
+  cancelGraceMs: number;
+  /** RAG_TECHNIQUES: the techniques whose tools are listed; null for all. */
+  servedTechniques: string[] | null;
 }
 
 /** Two levels up from mcp-server/dist/ (or mcp-server/src/ when run from source). */
@@ -38,5 +44,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, repoRoot: strin
     maxConcurrentRequests: integer(env, "MAX_CONCURRENT_REQUESTS", 8),
     maxQueuedRequests: integer(env, "MAX_QUEUED_REQUESTS", 100, 0),
     workerStartTimeoutMs: integer(env, "WORKER_START_TIMEOUT_MS", 30_000),
+    cancelGraceMs: integer(env, "CANCEL_GRACE_MS", 30_000),
+    servedTechniques: parseTechniques(env.RAG_TECHNIQUES),
   };
 }

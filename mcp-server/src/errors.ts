@@ -18,7 +18,7 @@ export const ERROR_HINTS = {
   TIMEOUT_EXCEEDED: "The request took too long; retry with a smaller top_k or fewer documents, or raise REQUEST_TIMEOUT_MS.",
   RATE_LIMIT_EXCEEDED: "Too many requests are waiting; retry after the running ones finish.",
   WORKER_CRASHED: "The Python worker stopped while handling the request; it restarts on the next call, so retry once.",
-  WORKER_UNAVAILABLE: "The Python worker could not be started; check IRIS_RAG_PYTHON and the server logs.",
+  WORKER_UNAVAILABLE: "The Python worker could not be started (the message gives its error); fix IRIS_RAG_PYTHON or the install it names (bash scripts/setup.sh).",
   MALFORMED_REQUEST: "The front end sent a request the worker could not read; this is a server bug, report it.",
   METHOD_NOT_FOUND: "The front end asked the worker for a method it does not have; front end and worker versions differ.",
   INTERNAL_ERROR: "Unexpected server error; retry, and report it with the message if it persists.",

@@ -3,6 +3,7 @@
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 
 import { loadConfig } from "./config.js";
+import { gatedInput } from "./frames.js";
 import { createServer } from "./server.js";
 
 async function main(): Promise<void> {
@@ -21,9 +22,9 @@ async function main(): Promise<void> {
   process.once("SIGINT", () => shutdown("SIGINT"));
   server.onclose = () => shutdown("connection closed");
 
-  await server.connect(new StdioServerTransport());
-  // Start the worker and fetch the tool table now, so the first tools/list does not wait for Python.
-  tools.load().catch((error: unknown) => console.error(`[iris-rag] describe failed (will retry on demand): ${String(error)}`));
+  await server.connect(new StdioServerTransport(gatedInput(process.stdin, process.stdout), process.stdout));
+  // Start the worker now, so the first call does not wait for Python to start.
+  tools.warmUp(config.workerStartTimeoutMs).catch((error: unknown) => console.error(`[iris-rag] the worker did not start (a call will try again): ${String(error)}`));
   console.error(`[iris-rag] MCP server ready on stdio (worker: ${config.python} -m iris_rag.bridge in ${config.repoRoot})`);
 }
 

@@ -2,11 +2,11 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
-import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError } from "@modelcontextprotocol/sdk/types.js";
+import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 import { WorkerBridge } from "./bridge.js";
 import type { Config } from "./config.js";
-import { asBridgeError } from "./errors.js";
+import { loadToolSpecs, servedToolSpecs } from "./schemas.js";
 import { ToolRouter } from "./tools.js";
 
 export interface IrisRagServer {
@@ -29,21 +29,18 @@ export function createServer(config: Config): IrisRagServer {
     requestTimeoutMs: config.requestTimeoutMs,
     maxConcurrentRequests: config.maxConcurrentRequests,
     maxQueuedRequests: config.maxQueuedRequests,
+    cancelGraceMs: config.cancelGraceMs,
   });
-  const tools = new ToolRouter(bridge, config.workerStartTimeoutMs);
+  // The tool table comes from the schema files, not the worker: a worker that cannot start leaves the
+  // client its tools, and rag_health_check to say why.
+  const specs = servedToolSpecs(loadToolSpecs(join(config.repoRoot, "iris_rag", "schemas")), config.servedTechniques);
+  const tools = new ToolRouter(bridge, specs);
   const server = new Server({ name: "iris-rag", version: packageVersion(config.repoRoot) }, { capabilities: { tools: {} } });
 
-  server.setRequestHandler(ListToolsRequestSchema, async () => {
-    try {
-      return { tools: await tools.listTools() };
-    } catch (error) {
-      // No tool table without the worker: say why, in the same terms as a failed tool call.
-      const { code, message, hint } = asBridgeError(error);
-      throw new McpError(ErrorCode.InternalError, `${code}: ${message}. ${hint}`);
-    }
-  });
-  server.setRequestHandler(CallToolRequestSchema, async (request) =>
-    tools.callTool(request.params.name, request.params.arguments),
+  server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: tools.listTools() }));
+  // extra.signal fires on the client's notifications/cancelled; the SDK then sends no response.
+  server.setRequestHandler(CallToolRequestSchema, async (request, extra) =>
+    tools.callTool(request.params.name, request.params.arguments, extra.signal),
   );
 
   let cleaning: Promise<void> | undefined;

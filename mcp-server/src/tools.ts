@@ -5,13 +5,14 @@ import { asBridgeError, BridgeError } from "./errors.js";
 import { isObject, type JsonObject } from "./json.js";
 import { compileArgumentValidator, type ArgumentValidator } from "./validation.js";
 
-/** One tool as the worker's `describe` returns it; the schemas are the single source of truth. */
+/** One tool as iris_rag/schemas/ defines it (and the worker's `describe` returns it). */
 export interface ToolSpec {
   name: string;
   title?: string;
   description?: string;
   annotations?: Tool["annotations"];
-  bridge: { method: string; technique?: string };
+  /** Where the call goes: `method`, or `execute` of `technique`; `served_by`: the technique it needs. */
+  bridge: { method: string; technique?: string; served_by?: string };
   inputSchema: Tool["inputSchema"];
   outputSchema?: Tool["outputSchema"];
 }
@@ -21,30 +22,26 @@ interface CatalogEntry {
   validate: ArgumentValidator;
 }
 
-/**
- * Failures the worker never recorded: calls it never received, or died handling. (A timed-out call is left
- * out: the worker still finishes it and records it with its real duration.)
- */
-const FRONT_END_CODES = new Set(["RATE_LIMIT_EXCEEDED", "WORKER_CRASHED", "WORKER_UNAVAILABLE"]);
-
 /** Answers even when the worker cannot, so a client can always ask whether the server is up. */
 export const HEALTH_TOOL = "rag_health_check";
 
-function parseToolSpecs(describeResult: unknown): ToolSpec[] {
-  const tools = isObject(describeResult) ? describeResult.tools : undefined;
-  if (!Array.isArray(tools)) {
-    throw new BridgeError("INTERNAL_ERROR", "The worker's describe result has no tools array");
+/**
+ * Whether the worker recorded a failed call itself (it records every call it ran, and a timed-out or
+ * cancelled one under TIMEOUT_EXCEEDED or REQUEST_CANCELLED); the front end records the rest exactly once.
+ */
+function recordedByWorker(error: BridgeError): boolean {
+  switch (error.code) {
+    case "RATE_LIMIT_EXCEEDED":
+    case "WORKER_CRASHED":
+    case "WORKER_UNAVAILABLE":
+      return false;
+    case "TIMEOUT_EXCEEDED":
+    case "REQUEST_CANCELLED":
+      // A call that timed out or was cancelled while queued here never reached the worker.
+      return error.details?.stage !== "queued";
+    default:
+      return true;
   }
-  return tools.map((tool: unknown, index) => {
-    const valid =
-      isObject(tool) &&
-      typeof tool.name === "string" &&
-      isObject(tool.inputSchema) &&
-      isObject(tool.bridge) &&
-      typeof tool.bridge.method === "string";
-    if (!valid) throw new BridgeError("INTERNAL_ERROR", `describe: tool #${index} lacks name, inputSchema or bridge.method`);
-    return tool as unknown as ToolSpec;
-  });
 }
 
 const textResult = (payload: unknown, extra: Partial<CallToolResult> = {}): CallToolResult => ({
@@ -86,37 +83,25 @@ export function unhealthyResult(error: BridgeError, responseTimeMs: number): Cal
   });
 }
 
-/** Serves tools/list and tools/call from the worker's tool table. */
+/** Serves tools/list from the schema files and tools/call through the worker. */
 export class ToolRouter {
-  private catalog?: Promise<Map<string, CatalogEntry>>;
+  private readonly catalog: Map<string, CatalogEntry>;
 
   constructor(
     private readonly bridge: WorkerBridge,
-    /** Limit for `describe`: the first request also waits for the Python process to start. */
-    private readonly describeTimeoutMs: number,
-  ) {}
-
-  /** Fetch and compile the tool table once; a failed load is retried on the next call. */
-  load(): Promise<Map<string, CatalogEntry>> {
-    this.catalog ??= this.bridge
-      .request("describe", {}, this.describeTimeoutMs)
-      .then((result) => {
-        const entries = parseToolSpecs(result).map((spec): [string, CatalogEntry] => [
-          spec.name,
-          { spec, validate: compileArgumentValidator(spec.name, spec.inputSchema) },
-        ]);
-        return new Map(entries);
-      })
-      .catch((error: unknown) => {
-        this.catalog = undefined;
-        throw asBridgeError(error);
-      });
-    return this.catalog;
+    /** The served tools (schemas.ts servedToolSpecs): the same list the worker's describe returns. */
+    specs: readonly ToolSpec[],
+  ) {
+    this.catalog = new Map(specs.map((spec) => [spec.name, { spec, validate: compileArgumentValidator(spec.name, spec.inputSchema) }]));
   }
 
-  async listTools(): Promise<Tool[]> {
-    const catalog = await this.load();
-    return [...catalog.values()].map(({ spec: { name, title, description, inputSchema, outputSchema, annotations } }) => ({
+  /** Start the worker now, so the first call does not wait for Python to start. */
+  warmUp(timeoutMs: number): Promise<unknown> {
+    return this.bridge.request("describe", {}, { timeoutMs });
+  }
+
+  listTools(): Tool[] {
+    return [...this.catalog.values()].map(({ spec: { name, title, description, inputSchema, outputSchema, annotations } }) => ({
       name,
       ...(title !== undefined && { title }),
       ...(description !== undefined && { description }),
@@ -126,19 +111,13 @@ export class ToolRouter {
     }));
   }
 
-  async callTool(name: string, args: JsonObject = {}): Promise<CallToolResult> {
+  /** One tools/call; `signal` (the client's notifications/cancelled) cancels it in the worker too. */
+  async callTool(name: string, args: unknown = {}, signal?: AbortSignal): Promise<CallToolResult> {
     const started = performance.now();
-    let catalog: Map<string, CatalogEntry>;
-    try {
-      catalog = await this.load();
-    } catch (error) {
-      const bridgeError = asBridgeError(error);
-      return name === HEALTH_TOOL ? unhealthyResult(bridgeError, performance.now() - started) : errorResult(bridgeError);
-    }
-
-    const entry = catalog.get(name);
+    const entry = this.catalog.get(name);
     if (!entry) {
-      const known = [...catalog.keys()].join(", ");
+      this.recordFrontEndFailure(name, undefined, started, "PIPELINE_NOT_FOUND");
+      const known = [...this.catalog.keys()].join(", ");
       return errorResult(new BridgeError("PIPELINE_NOT_FOUND", `Unknown tool ${JSON.stringify(name)}; available tools: ${known}`));
     }
 
@@ -150,13 +129,12 @@ export class ToolRouter {
     }
 
     try {
-      const result = technique
-        ? await this.bridge.request("execute", { technique, arguments: args })
-        : await this.bridge.request(entry.spec.bridge.method, args);
+      const params = technique ? { technique, arguments: args } : (args as JsonObject);
+      const result = await this.bridge.request(technique ? "execute" : entry.spec.bridge.method, params, { signal });
       return successResult(result);
     } catch (error) {
       const bridgeError = asBridgeError(error);
-      if (FRONT_END_CODES.has(bridgeError.code)) this.recordFrontEndFailure(name, technique, started, bridgeError.code);
+      if (!recordedByWorker(bridgeError)) this.recordFrontEndFailure(name, technique, started, bridgeError.code);
       return name === HEALTH_TOOL ? unhealthyResult(bridgeError, performance.now() - started) : errorResult(bridgeError);
     }
   }

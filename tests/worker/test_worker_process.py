@@ -43,6 +43,8 @@ class WorkerProcess:
         for line in self.process.stdout:
             self.raw_lines.append(line)
             message = orjson.loads(line)  # a non-JSON line fails the test through all_lines_are_json
+            if "event" in message:  # the ready line, not an answer
+                continue
             self.order.append(message["id"])
             self.responses.put(message)
 
@@ -225,6 +227,12 @@ def test_shutdown_during_a_long_request_exits_cleanly_and_keeps_stored_data(tmp_
 
 def _bulk(count: int, prefix: str = "bulk") -> list[dict[str, str]]:
     return [{"id": f"{prefix}-{i}", "content": f"Bulk document {i}. " * 200} for i in range(count)]
+
+
+def test_announces_that_it_is_ready(worker: WorkerProcess) -> None:
+    assert worker.call("describe")["success"]
+    first = orjson.loads(worker.raw_lines[0])
+    assert first == {"id": None, "event": "ready", "pid": worker.process.pid}
 
 
 def test_unreadable_lines_are_answered_with_their_id(worker: WorkerProcess) -> None:

@@ -5,6 +5,7 @@ import { describe, it, type TestContext } from "node:test";
 
 import { WorkerBridge, type BridgeOptions } from "../bridge.js";
 import { BridgeError } from "../errors.js";
+import { loadToolSpecs, servedToolSpecs } from "../schemas.js";
 import { config, freshDataDir } from "./helpers.js";
 
 /** A bridge to the real worker (python -m iris_rag.bridge) over an empty data directory, stopped after the test. */
@@ -65,7 +66,7 @@ describe("WorkerBridge against the real worker", { timeout: 240_000 }, () => {
   it("rejects with TIMEOUT_EXCEEDED, drops the late answer and keeps working", async (t) => {
     const bridge = realBridge(t);
     // 1 ms is shorter than the worker's start-up, so describe's answer arrives after the timeout.
-    const error = await rejection(bridge.request("describe", {}, 1));
+    const error = await rejection(bridge.request("describe", {}, { timeoutMs: 1 }));
     assert.equal(error.code, "TIMEOUT_EXCEEDED");
     assert.match(error.message, /1 ms/);
     assert.ok(isToolTable(await bridge.request("describe", {})));
@@ -89,12 +90,90 @@ describe("WorkerBridge against the real worker", { timeout: 240_000 }, () => {
     assert.ok(bridge.workerPid && bridge.workerPid !== firstPid, "a new worker runs");
   });
 
-  it("fails at once with RATE_LIMIT_EXCEEDED when the queue is full", async (t) => {
+  it("fails at once with RATE_LIMIT_EXCEEDED when the queue is full, and never queues control calls", async (t) => {
     const bridge = realBridge(t, { maxConcurrentRequests: 1, maxQueuedRequests: 2 });
-    const accepted = [1, 2, 3].map(() => bridge.request("describe", {}));
-    const error = await rejection(bridge.request("describe", {}));
+    const missing = { collection_id: "none", document_id: "x" };
+    const accepted = [1, 2, 3].map(() => rejection(bridge.request("get_document", missing)));
+    const error = await rejection(bridge.request("get_document", missing));
     assert.equal(error.code, "RATE_LIMIT_EXCEEDED");
-    for (const result of await Promise.all(accepted)) assert.ok(isToolTable(result));
+    // The record of that refusal (and health, metrics) go on the control lane: never refused, never queued.
+    await bridge.request("record_call", { tool: "rag_get_document", duration_ms: 1, success: false, error_code: "RATE_LIMIT_EXCEEDED" });
+    for (const refused of await Promise.all(accepted)) assert.equal(refused.code, "DOCUMENT_NOT_FOUND");
+  });
+
+  it("refuses arguments it cannot serialize with INVALID_PARAMETERS instead of throwing", async (t) => {
+    // The issue's reproduction: a call that must wait for a slot, with metadata nested 5,000 deep.
+    const bridge = realBridge(t, { maxConcurrentRequests: 1 });
+    let metadata: Record<string, unknown> = {};
+    for (let i = 0; i < 5_000; i++) metadata = { m: metadata };
+    const running = bridge.request("get_document", { collection_id: "none", document_id: "x" });
+    const error = await rejection(bridge.request("ingest", { collection_id: "c", documents: [{ content: "x", metadata }] }));
+    assert.equal(error.code, "INVALID_PARAMETERS");
+    await rejection(running);
+    assert.ok(isToolTable(await bridge.request("describe", {})));
+  });
+
+  it("cancels a queued call at once and a running one in the worker, which records it once", async (t) => {
+    // A grace longer than the ingest: the slot is held until the worker answers, however slow the machine.
+    const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200_000 });
+    const running = new AbortController();
+    const slow = rejection(bridge.request("ingest", slowIngest(30), { signal: running.signal }));
+    const waiting = new AbortController();
+    const queued = rejection(bridge.request("ingest", { ...slowIngest(1), collection_id: "never" }, { signal: waiting.signal }));
+    waiting.abort();
+    const dropped = await queued;
+    assert.equal(dropped.code, "REQUEST_CANCELLED");
+    assert.equal(dropped.details?.stage, "queued");
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    running.abort();
+    assert.equal((await slow).code, "REQUEST_CANCELLED");
+    // The slot stays taken until the worker stops the ingest (or the grace bound passes).
+    assert.equal(bridge.slotsInUse, 1);
+    while (bridge.slotsInUse > 0) await new Promise((resolve) => setTimeout(resolve, 100));
+    const metrics = (await bridge.request("metrics", { time_range: "1h" })) as { by_tool: Record<string, { request_count: number; error_codes: object }> };
+    assert.equal(metrics.by_tool.rag_ingest?.request_count, 1);
+    assert.deepEqual(metrics.by_tool.rag_ingest?.error_codes, { REQUEST_CANCELLED: 1 });
+    const collections = (await bridge.request("list_collections", {})) as { collections: Array<{ id: string }> };
+    assert.ok(!collections.collections.some((c) => c.id === "never"), "the queued call never ran");
+  });
+
+  it("holds a timed-out call's slot until the worker stops it, and records it once as TIMEOUT_EXCEEDED", async (t) => {
+    const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200_000 });
+    const error = await rejection(bridge.request("ingest", slowIngest(30), { timeoutMs: 300 }));
+    assert.equal(error.code, "TIMEOUT_EXCEEDED");
+    assert.equal(error.details?.stage, "running");
+    assert.equal(bridge.slotsInUse, 1, "the worker still runs it");
+    // The next call waits for that slot: it runs after the ingest, so it finds the ingested document.
+    const next = (await bridge.request("get_document", { collection_id: "slow", document_id: "doc-0" })) as { id: string };
+    assert.equal(next.id, "doc-0");
+    assert.equal(bridge.slotsInUse, 0);
+    const metrics = (await bridge.request("metrics", { time_range: "1h" })) as { by_tool: Record<string, { request_count: number; success_count: number; error_codes: object }> };
+    assert.equal(metrics.by_tool.rag_ingest?.request_count, 1);
+    assert.equal(metrics.by_tool.rag_ingest?.success_count, 0);
+    assert.deepEqual(metrics.by_tool.rag_ingest?.error_codes, { TIMEOUT_EXCEEDED: 1 });
+  });
+
+  it("frees a slot after the cancel grace, and the worker still refuses more than MAX_CONCURRENT_REQUESTS", async (t) => {
+    const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200 });
+    const error = await rejection(bridge.request("ingest", slowIngest(30), { timeoutMs: 300 }));
+    assert.equal(error.code, "TIMEOUT_EXCEEDED");
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    assert.equal(bridge.slotsInUse, 0, "a call the worker does not stop cannot hold its slot forever");
+    const refused = await rejection(bridge.request("ingest", { ...slowIngest(1), collection_id: "second" }));
+    assert.equal(refused.code, "RATE_LIMIT_EXCEEDED");
+    assert.match(refused.message, /MAX_CONCURRENT_REQUESTS/);
+  });
+
+  it("lists offline exactly the tools the worker's describe serves", async (t) => {
+    const schemaDir = join(config.repoRoot, "iris_rag", "schemas");
+    for (const techniques of [null, ["basic"], ["basic", "sqlrag"]]) {
+      const bridge = realBridge(t, { env: { ...process.env, RAG_DATA_DIR: freshDataDir(), RAG_TECHNIQUES: techniques?.join(",") ?? "all" } });
+      const described = (await bridge.request("describe", {})) as { tools: unknown[] };
+      assert.deepEqual(servedToolSpecs(loadToolSpecs(schemaDir), techniques), described.tools);
+      await bridge.stop();
+    }
+    const basicOnly = servedToolSpecs(loadToolSpecs(schemaDir), ["basic"]).map((spec) => spec.name);
+    for (const name of ["rag_graph_explore", "rag_ingest_table", "rag_table_schema", "rag_graphrag"]) assert.ok(!basicOnly.includes(name), name);
   });
 });
 
@@ -108,6 +187,7 @@ describe("WorkerBridge protocol edge cases (scripted worker)", () => {
       join(root, "iris_rag", "bridge.py"),
       `import json, sys
 print("not json at start-up", flush=True)
+print(json.dumps({"id": None, "event": "ready"}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
     method, rid = request["method"], request["id"]
@@ -144,6 +224,21 @@ for line in sys.stdin:
     assert.match(error.message, /code 3/);
     assert.match(String(error.details?.stderr_tail), /told to die/);
     assert.deepEqual(await bridge.request("echo", {}), { method: "echo", params: {} });
+  });
+
+  it("fails with WORKER_UNAVAILABLE and the cause when the worker exits before it is ready", async () => {
+    const root = freshDataDir();
+    mkdirSync(join(root, "iris_rag"));
+    writeFileSync(join(root, "iris_rag", "__init__.py"), "");
+    writeFileSync(join(root, "iris_rag", "bridge.py"), "import numpy_that_is_not_installed\n");
+    const bridge = new WorkerBridge({ python: config.python, cwd: root, requestTimeoutMs: 20_000, maxConcurrentRequests: 1, maxQueuedRequests: 4 });
+    const [first, queued] = await Promise.all([rejection(bridge.request("execute", {})), rejection(bridge.request("execute", {}))]);
+    for (const error of [first, queued]) {
+      assert.equal(error.code, "WORKER_UNAVAILABLE");
+      assert.match(error.message, /during start-up: ModuleNotFoundError: No module named 'numpy_that_is_not_installed'/);
+      assert.doesNotMatch(error.hint, /retry/i);
+    }
+    await bridge.stop();
   });
 
   it("fails with WORKER_UNAVAILABLE when the Python executable does not exist", async () => {

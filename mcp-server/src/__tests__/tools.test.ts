@@ -28,7 +28,7 @@ const parseText = (result: { content: unknown[] }) => JSON.parse((result.content
 describe("ToolRouter", () => {
   it("lists each tool's public fields exactly as described, without the bridge routing", async () => {
     const { bridge } = fakeBridge({ describe: describeResult });
-    const tools = await new ToolRouter(bridge, 1000).listTools();
+    const tools = await new ToolRouter(bridge, realToolSpecs()).listTools();
     const specs = realToolSpecs();
     assert.deepEqual(
       tools.map((tool) => tool.name),
@@ -44,7 +44,7 @@ describe("ToolRouter", () => {
     const answer = { success: true, technique: "basic", answer: "42" };
     const { bridge, calls } = fakeBridge({ describe: describeResult, execute: () => answer });
     const args = { query: "What?", options: { top_k: 2 } };
-    const result = await new ToolRouter(bridge, 1000).callTool("rag_basic", args);
+    const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_basic", args);
     assert.equal(result.isError, undefined);
     assert.deepEqual(result.structuredContent, answer);
     assert.deepEqual(parseText(result), answer);
@@ -53,14 +53,14 @@ describe("ToolRouter", () => {
 
   it("forwards other tools to their bridge method with the arguments as params", async () => {
     const { bridge, calls } = fakeBridge({ describe: describeResult, list_collections: () => ({ collections: [], default_collection: "default" }) });
-    const result = await new ToolRouter(bridge, 1000).callTool("rag_list_collections", {});
+    const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_list_collections", {});
     assert.deepEqual(result.structuredContent, { collections: [], default_collection: "default" });
     assert.deepEqual(calls.at(-1), { method: "list_collections", params: {} });
   });
 
   it("rejects invalid arguments without forwarding them, and records the rejected call", async () => {
     const { bridge, calls } = fakeBridge({ describe: describeResult, record_call: () => ({}) });
-    const result = await new ToolRouter(bridge, 1000).callTool("rag_basic", { query: "ok", options: { top_k: 0 } });
+    const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_basic", { query: "ok", options: { top_k: 0 } });
     assert.equal(result.isError, true);
     const body = parseText(result);
     assert.equal(body.error.code, "INVALID_PARAMETERS");
@@ -68,9 +68,9 @@ describe("ToolRouter", () => {
     assert.equal(typeof body.hint, "string");
     assert.deepEqual(
       calls.map((call) => call.method),
-      ["describe", "record_call"],
+      ["record_call"],
     );
-    assert.deepEqual({ ...calls[1]!.params, duration_ms: 0 }, {
+    assert.deepEqual({ ...calls[0]!.params, duration_ms: 0 }, {
       tool: "rag_basic",
       technique: "basic",
       duration_ms: 0,
@@ -81,7 +81,7 @@ describe("ToolRouter", () => {
 
   it("answers an unknown tool with PIPELINE_NOT_FOUND", async () => {
     const { bridge } = fakeBridge({ describe: describeResult });
-    const result = await new ToolRouter(bridge, 1000).callTool("rag_nope", {});
+    const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_nope", {});
     assert.equal(result.isError, true);
     assert.equal(parseText(result).error.code, "PIPELINE_NOT_FOUND");
   });
@@ -94,7 +94,7 @@ describe("ToolRouter", () => {
         throw new BridgeError("GENERATION_FAILED", "llm down", { partial_result: partial });
       },
     });
-    const result = await new ToolRouter(bridge, 1000).callTool("rag_basic", { query: "q" });
+    const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_basic", { query: "q" });
     assert.equal(result.isError, true);
     assert.deepEqual(result.structuredContent, partial);
     const body = parseText(result);
@@ -110,7 +110,7 @@ describe("ToolRouter", () => {
         throw new BridgeError("WORKER_CRASHED", "The Python worker was killed by SIGKILL");
       },
     });
-    const result = await new ToolRouter(bridge, 1000).callTool("rag_health_check", {});
+    const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_health_check", {});
     assert.equal(result.isError, undefined);
     const health = result.structuredContent as Record<string, any>;
     assert.equal(health.status, "unhealthy");
@@ -118,16 +118,63 @@ describe("ToolRouter", () => {
     assert.match(health.components.python_bridge.error_message, /WORKER_CRASHED.*SIGKILL/);
   });
 
-  it("retries describe after a failed load", async () => {
-    let attempts = 0;
-    const { bridge } = fakeBridge({
-      describe: () => {
-        if (++attempts === 1) throw new BridgeError("TIMEOUT_EXCEEDED", "slow start");
-        return describeResult();
+  it("lists the tools without the worker", async () => {
+    const { bridge, calls } = fakeBridge({});
+    assert.equal(new ToolRouter(bridge, realToolSpecs()).listTools().length, realToolSpecs().length);
+    assert.deepEqual(calls, []);
+  });
+
+  it("records an unknown tool's call", async () => {
+    const { bridge, calls } = fakeBridge({ record_call: () => ({}) });
+    await new ToolRouter(bridge, realToolSpecs()).callTool("rag_nope", {});
+    assert.deepEqual(
+      calls.map(({ method, params }) => [method, params.tool, params.error_code]),
+      [["record_call", "rag_nope", "PIPELINE_NOT_FOUND"]],
+    );
+  });
+
+  it("records a time-out or cancel only when the worker never got the call", async () => {
+    const failures = [
+      new BridgeError("TIMEOUT_EXCEEDED", "slow", { stage: "queued" }),
+      new BridgeError("TIMEOUT_EXCEEDED", "slow", { stage: "running" }),
+      new BridgeError("REQUEST_CANCELLED", "cancelled", { stage: "queued" }),
+      new BridgeError("REQUEST_CANCELLED", "cancelled", { stage: "running" }),
+      new BridgeError("RATE_LIMIT_EXCEEDED", "full"),
+    ];
+    const { bridge, calls } = fakeBridge({
+      execute: () => {
+        throw failures.shift();
       },
+      record_call: () => ({}),
     });
-    const router = new ToolRouter(bridge, 1000);
-    await assert.rejects(router.listTools(), { code: "TIMEOUT_EXCEEDED" });
-    assert.equal((await router.listTools()).length, realToolSpecs().length);
+    const router = new ToolRouter(bridge, realToolSpecs());
+    for (let i = 0; i < 5; i++) await router.callTool("rag_basic", { query: "q" });
+    assert.deepEqual(
+      calls.filter((call) => call.method === "record_call").map((call) => call.params.error_code),
+      ["TIMEOUT_EXCEEDED", "REQUEST_CANCELLED", "RATE_LIMIT_EXCEEDED"],
+    );
+  });
+
+  it("rejects text with a lone surrogate and JSON nested too deep, without forwarding them", async () => {
+    const { bridge, calls } = fakeBridge({ record_call: () => ({}) });
+    const router = new ToolRouter(bridge, realToolSpecs());
+    const surrogate = parseText(await router.callTool("rag_basic", { query: "insulin \ud800 x" }));
+    assert.equal(surrogate.error.code, "INVALID_QUERY");
+    assert.match(surrogate.error.message, /lone UTF-16 surrogate/);
+    const inFilter = parseText(await router.callTool("rag_basic", { query: "q", options: { filters: { f: "\udc00" } } }));
+    assert.equal(inFilter.error.code, "INVALID_PARAMETERS");
+    let metadata: Record<string, unknown> = {};
+    for (let i = 0; i < 5_000; i++) metadata = { m: metadata };
+    const deep = parseText(await router.callTool("rag_ingest", { collection_id: "c", documents: [{ content: "x", metadata }] }));
+    assert.equal(deep.error.code, "INVALID_PARAMETERS");
+    assert.match(deep.error.message, /nested more than/);
+    let shallow: Record<string, unknown> = {};
+    for (let i = 0; i < 20; i++) shallow = { m: shallow };
+    const bounded = parseText(await router.callTool("rag_ingest", { collection_id: "c", documents: [{ content: "x", metadata: shallow }] }));
+    assert.match(bounded.error.message, /metadata must not be nested more than 16 levels deep/);
+    assert.deepEqual(
+      calls.map((call) => call.method),
+      ["record_call", "record_call", "record_call", "record_call"],
+    );
   });
 });

@@ -1,0 +1,82 @@
+/**
+ * A gate in front of the SDK's stdio transport. The SDK drops a frame it cannot parse or validate with only
+ * a log line, so the client waits forever (`tools/call` with `"params": null`, a line that is not JSON);
+ * and a tools/call whose `arguments` is not an object reaches the client as a zod dump. Each such frame
+ * is answered here at once with its JSON-RPC error; every other line goes on to the SDK unchanged.
+ */
+import { PassThrough, type Readable, type Writable } from "node:stream";
+import { createInterface } from "node:readline";
+
+import { ErrorCode, JSONRPCMessageSchema } from "@modelcontextprotocol/sdk/types.js";
+
+import { isObject } from "./json.js";
+
+type RequestId = string | number | null;
+
+interface Rejection {
+  id: RequestId;
+  code: number;
+  message: string;
+}
+
+const describe = (value: unknown): string => (value === null ? "null" : Array.isArray(value) ? "an array" : `a ${typeof value}`);
+
+const requestId = (message: Record<string, unknown>): RequestId =>
+  typeof message.id === "string" || (typeof message.id === "number" && Number.isFinite(message.id)) ? message.id : null;
+
+/** Why a frame cannot go to the SDK, or null if it can. */
+export function rejectFrame(line: string): Rejection | null {
+  let message: unknown;
+  try {
+    message = JSON.parse(line);
+  } catch (error) {
+    return { id: null, code: ErrorCode.ParseError, message: `Parse error: the line is not JSON (${(error as Error).message})` };
+  }
+  if (!isObject(message)) return { id: null, code: ErrorCode.InvalidRequest, message: `Invalid Request: a message must be a JSON object, not ${describe(message)}` };
+  const id = requestId(message);
+  const isRequest = typeof message.method === "string" && id !== null;
+  if (isRequest && "params" in message && !isObject(message.params)) {
+    return { id, code: ErrorCode.InvalidParams, message: `Invalid params: ${message.method as string} params must be an object, not ${describe(message.params)}` };
+  }
+  if (isRequest && message.method === "tools/call") {
+    const params = isObject(message.params) ? message.params : {};
+    if (typeof params.name !== "string") {
+      return { id, code: ErrorCode.InvalidParams, message: `Invalid params: tools/call needs params.name, the tool's name (a string), not ${describe(params.name)}` };
+    }
+    if ("arguments" in params && params.arguments !== undefined && !isObject(params.arguments)) {
+      return {
+        id,
+        code: ErrorCode.InvalidParams,
+        message: `Invalid params: tools/call arguments must be a JSON object of the tool's arguments, not ${describe(params.arguments)}`,
+      };
+    }
+  }
+  if (!JSONRPCMessageSchema.safeParse(message).success) {
+    // A notification or response the SDK would drop: nothing waits for an answer to those.
+    if (!isRequest) return null;
+    return { id, code: ErrorCode.InvalidRequest, message: "Invalid Request: not a JSON-RPC 2.0 request (needs jsonrpc \"2.0\", method, id)" };
+  }
+  return null;
+}
+
+/**
+ * The stream the SDK's StdioServerTransport reads: `input`'s lines, less the frames answered here with
+ * their error on `output` (each a whole line, so they never interleave with the SDK's own writes).
+ */
+export function gatedInput(input: Readable, output: Writable): Readable {
+  const gated = new PassThrough();
+  const lines = createInterface({ input, crlfDelay: Infinity });
+  lines.on("line", (line) => {
+    if (!line.trim()) return;
+    const rejection = rejectFrame(line);
+    if (!rejection) {
+      gated.write(`${line}\n`);
+      return;
+    }
+    console.error(`[iris-rag] answered a bad frame with ${rejection.code}: ${rejection.message}`);
+    const { id, code, message } = rejection;
+    output.write(`${JSON.stringify({ jsonrpc: "2.0", id, error: { code, message } })}\n`);
+  });
+  lines.on("close", () => gated.end());
+  return gated;
+}
