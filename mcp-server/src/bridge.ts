@@ -215,7 +215,8 @@ export class WorkerBridge {
         console.error(`[iris-rag] worker error: ${error.message}`);
       }
     });
-    worker.once("exit", (code, signal) => this.onWorkerGone(worker, this.exitError(python, code, signal)));
+    // "close", not "exit": it comes after the last stderr chunk, which holds the cause of a failed start.
+    worker.once("close", (code, signal) => this.onWorkerGone(worker, this.exitError(python, code, signal)));
     return worker;
   }
 

@@ -22,6 +22,8 @@ interface CatalogEntry {
   validate: ArgumentValidator;
 }
 
+const LONE_SURROGATES = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
+
 /** Answers even when the worker cannot, so a client can always ask whether the server is up. */
 export const HEALTH_TOOL = "rag_health_check";
 
@@ -116,9 +118,11 @@ export class ToolRouter {
     const started = performance.now();
     const entry = this.catalog.get(name);
     if (!entry) {
-      this.recordFrontEndFailure(name, undefined, started, "PIPELINE_NOT_FOUND");
+      // The name is the client's: keep it short and valid Unicode before it is echoed and stored.
+      const shown = name.slice(0, 128).replace(LONE_SURROGATES, "\uFFFD");
+      this.recordFrontEndFailure(shown, undefined, started, "PIPELINE_NOT_FOUND");
       const known = [...this.catalog.keys()].join(", ");
-      return errorResult(new BridgeError("PIPELINE_NOT_FOUND", `Unknown tool ${JSON.stringify(name)}; available tools: ${known}`));
+      return errorResult(new BridgeError("PIPELINE_NOT_FOUND", `Unknown tool ${JSON.stringify(shown)}; available tools: ${known}`));
     }
 
     const { technique } = entry.spec.bridge;

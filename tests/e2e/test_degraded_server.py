@@ -26,7 +26,7 @@ SLOW_INGEST = {
     "collection_id": "slow",
     "documents": [
         {"id": f"doc-{i}", "content": f"Document {i}. " + "Retrieval grounds answers in text. " * 80}
-        for i in range(40)
+        for i in range(12)
     ],
 }
 
@@ -39,12 +39,12 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def connect(repo_root: Path, server_entry: Path, server_env: dict[str, str]) -> Connect:
-    """Start the real server with extra environment and an initialized official client session."""
+def connect(repo_root: Path, server_entry: Path, server_env: dict[str, str], tmp_path: Path) -> Connect:
+    """Start the real server (on its own empty store) with extra environment and an initialized session."""
 
     @asynccontextmanager
     async def session(extra_env: dict[str, str]) -> AsyncIterator[ClientSession]:
-        env = {**server_env, **extra_env}
+        env = {**server_env, "RAG_DATA_DIR": str(tmp_path / "data"), **extra_env}
         params = StdioServerParameters(command="node", args=[str(server_entry)], env=env, cwd=repo_root)
         async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
             with anyio.fail_after(60):

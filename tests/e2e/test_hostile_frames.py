@@ -18,15 +18,18 @@ PROMPT_S = 10  # "answered at once": far below REQUEST_TIMEOUT_MS, which is what
 SLOW_S = 240  # an ingest while the embedding model loads, on a busy machine
 
 
-def _slow_documents(count: int = 40) -> list[dict[str, str]]:
+def _slow_documents(count: int = 12) -> list[dict[str, str]]:
     text = "Retrieval-augmented generation grounds answers in retrieved text. " * 60
     return [{"id": f"doc-{i}", "content": f"Document {i}. {text}"} for i in range(count)]
 
 
 @pytest.fixture
-def server(repo_root: Path, server_entry: Path, server_env: dict[str, str]) -> Iterator[RawServer]:
+def server(
+    repo_root: Path, server_entry: Path, server_env: dict[str, str], tmp_path: Path
+) -> Iterator[RawServer]:
     # One call at a time: a second call waits for a slot, which is where a deep frame used to kill Node.
-    env = {**server_env, "MAX_CONCURRENT_REQUESTS": "1", "REQUEST_TIMEOUT_MS": "120000"}
+    limits = {"MAX_CONCURRENT_REQUESTS": "1", "REQUEST_TIMEOUT_MS": "600000"}
+    env = {**server_env, **limits, "RAG_DATA_DIR": str(tmp_path / "data")}
     raw = RawServer(repo_root, server_entry, env)
     yield raw
     raw.close()
@@ -74,7 +77,7 @@ def test_deep_metadata_and_lone_surrogates_are_refused_at_once(server: RawServer
         assert body["hint"]
     assert server.alive()
     is_error, body = server.tool_body(slow, timeout=SLOW_S)
-    assert not is_error and body["ingested_count"] == 40, body
+    assert not is_error and body["ingested_count"] == 12, body
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,7 @@ describe("WorkerBridge against the real worker", { timeout: 240_000 }, () => {
     // A grace longer than the ingest: the slot is held until the worker answers, however slow the machine.
     const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200_000 });
     const running = new AbortController();
-    const slow = rejection(bridge.request("ingest", slowIngest(30), { signal: running.signal }));
+    const slow = rejection(bridge.request("ingest", slowIngest(10), { signal: running.signal }));
     const waiting = new AbortController();
     const queued = rejection(bridge.request("ingest", { ...slowIngest(1), collection_id: "never" }, { signal: waiting.signal }));
     waiting.abort();
@@ -139,14 +139,12 @@ describe("WorkerBridge against the real worker", { timeout: 240_000 }, () => {
 
   it("holds a timed-out call's slot until the worker stops it, and records it once as TIMEOUT_EXCEEDED", async (t) => {
     const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200_000 });
-    const error = await rejection(bridge.request("ingest", slowIngest(30), { timeoutMs: 300 }));
+    const error = await rejection(bridge.request("ingest", slowIngest(10), { timeoutMs: 300 }));
     assert.equal(error.code, "TIMEOUT_EXCEEDED");
     assert.equal(error.details?.stage, "running");
     assert.equal(bridge.slotsInUse, 1, "the worker still runs it");
-    // The next call waits for that slot: it runs after the ingest, so it finds the ingested document.
-    const next = (await bridge.request("get_document", { collection_id: "slow", document_id: "doc-0" })) as { id: string };
-    assert.equal(next.id, "doc-0");
-    assert.equal(bridge.slotsInUse, 0);
+    // Released when the worker answers the ingest (at its next checkpoint, or when it is done).
+    while (bridge.slotsInUse > 0) await new Promise((resolve) => setTimeout(resolve, 100));
     const metrics = (await bridge.request("metrics", { time_range: "1h" })) as { by_tool: Record<string, { request_count: number; success_count: number; error_codes: object }> };
     assert.equal(metrics.by_tool.rag_ingest?.request_count, 1);
     assert.equal(metrics.by_tool.rag_ingest?.success_count, 0);

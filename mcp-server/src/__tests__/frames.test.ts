@@ -1,0 +1,36 @@
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+
+import { rejectFrame } from "../frames.js";
+
+const frame = (message: unknown) => JSON.stringify(message);
+
+describe("rejectFrame: frames the SDK would drop or answer with a zod dump", () => {
+  it("passes well-formed requests and notifications through", () => {
+    assert.equal(rejectFrame(frame({ jsonrpc: "2.0", id: 1, method: "tools/call", params: { name: "rag_basic", arguments: { query: "q" } } })), null);
+    assert.equal(rejectFrame(frame({ jsonrpc: "2.0", id: "a", method: "tools/call", params: { name: "rag_basic" } })), null);
+    assert.equal(rejectFrame(frame({ jsonrpc: "2.0", method: "notifications/cancelled", params: { requestId: 1 } })), null);
+    assert.equal(rejectFrame(frame({ jsonrpc: "2.0", id: 2, method: "tools/list" })), null);
+  });
+
+  it("answers a line that is not JSON with -32700 and a non-object with -32600", () => {
+    assert.deepEqual(rejectFrame("{not json")?.code, -32700);
+    assert.deepEqual(rejectFrame("[1]"), { id: null, code: -32600, message: "Invalid Request: a message must be a JSON object, not an array" });
+  });
+
+  it("answers params null and non-object arguments with -32602 and the request's id", () => {
+    const nullParams = rejectFrame(frame({ jsonrpc: "2.0", id: 7, method: "tools/call", params: null }));
+    assert.deepEqual(nullParams, { id: 7, code: -32602, message: "Invalid params: tools/call params must be an object, not null" });
+    for (const args of [[], "q", 5, null]) {
+      const rejection = rejectFrame(frame({ jsonrpc: "2.0", id: "x", method: "tools/call", params: { name: "rag_basic", arguments: args } }));
+      assert.equal(rejection?.id, "x");
+      assert.equal(rejection?.code, -32602);
+      assert.match(rejection?.message ?? "", /arguments must be a JSON object/);
+    }
+    assert.match(rejectFrame(frame({ jsonrpc: "2.0", id: 3, method: "tools/call", params: {} }))?.message ?? "", /needs params.name/);
+  });
+
+  it("answers a request that is not JSON-RPC 2.0 with -32600", () => {
+    assert.equal(rejectFrame(frame({ id: 4, method: "tools/list" }))?.code, -32600);
+  });
+});
