@@ -52,8 +52,11 @@ export function rejectFrame(line: string): Rejection | null {
     }
   }
   if (!JSONRPCMessageSchema.safeParse(message).success) {
-    // A notification or response the SDK would drop: nothing waits for an answer to those.
-    if (!isRequest) return null;
+    if (!isRequest) {
+      // A request whose id is unusable gets its error with id null; a notification or response gets none.
+      const badId = "id" in message && typeof message.method === "string";
+      return badId ? { id: null, code: ErrorCode.InvalidRequest, message: "Invalid Request: id must be a string or a number" } : null;
+    }
     return { id, code: ErrorCode.InvalidRequest, message: "Invalid Request: not a JSON-RPC 2.0 request (needs jsonrpc \"2.0\", method, id)" };
   }
   return null;

@@ -32,5 +32,7 @@ describe("rejectFrame: frames the SDK would drop or answer with a zod dump", () 
 
   it("answers a request that is not JSON-RPC 2.0 with -32600", () => {
     assert.equal(rejectFrame(frame({ id: 4, method: "tools/list" }))?.code, -32600);
+    assert.deepEqual(rejectFrame(frame({ jsonrpc: "2.0", id: null, method: "tools/list" }))?.id, null);
+    assert.equal(rejectFrame(frame({ jsonrpc: "2.0", id: { a: 1 }, method: "tools/list" }))?.code, -32600);
   });
 });
