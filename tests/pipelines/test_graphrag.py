@@ -283,7 +283,7 @@ def test_generate_and_invalid_parameters(graph_service: RagService) -> None:
 def test_explore_shows_neighbours_relation_types_and_evidence(graph_service: RagService) -> None:
     explore = graph_service.methods()["graph_explore"]
     spec = tool_spec("rag_graph_explore")
-    assert spec is not None and spec["bridge"] == {"method": "graph_explore"}
+    assert spec is not None and spec["bridge"] == {"method": "graph_explore", "served_by": "graphrag"}
     result = explore({"entity": "AMPK", "collection_id": "docs"})
     jsonschema.validate(result, spec["outputSchema"])
     entity = result["entity"]
