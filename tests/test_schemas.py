@@ -1,5 +1,7 @@
 """One source of truth: the JSON files, the pydantic models and the registry agree."""
 
+import re
+
 from iris_rag.pipelines.base import QueryOptions, TechniqueRequest
 from iris_rag.pipelines.registry import PIPELINES
 from iris_rag.schemas import technique_tools, tool_spec, tool_specs
@@ -43,3 +45,24 @@ def test_pydantic_models_match_the_schema() -> None:
 
 def test_every_technique_tool_has_a_pipeline() -> None:
     assert set(technique_tools()) == set(PIPELINES)
+
+
+# JavaScript's \s (what Ajv runs in the front end): ECMA-262 WhiteSpace and LineTerminator.
+ECMA_WHITESPACE = set("\t\n\v\f\r \xa0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff") | {
+    chr(c) for c in range(0x2000, 0x200B)
+}
+
+
+def test_not_blank_patterns_read_the_same_in_python_and_javascript() -> None:
+    """Only-whitespace text, by either engine's definition, is blank to both (the fuzz suite found \\x1c)."""
+    python_whitespace = {chr(c) for c in range(0x110000) if chr(c).isspace()}
+    patterns = {
+        tool_spec("rag_basic")["inputSchema"]["properties"]["query"]["pattern"],  # type: ignore[index]
+        tool_spec("rag_graph_explore")["inputSchema"]["properties"]["entity"]["pattern"],  # type: ignore[index]
+    }
+    assert len(patterns) == 1, "one definition of 'not blank'"
+    pattern = re.compile(patterns.pop())
+    for char in sorted(python_whitespace | ECMA_WHITESPACE):
+        assert pattern.search(char * 3) is None, f"{char!r} counts as text"
+    for text in ["a", "\u200bx", "\uff26\uff35\uff2c\uff2c", "\u202eevil\u202c"]:
+        assert pattern.search(text), text

@@ -17,7 +17,11 @@ interface Rejection {
   id: RequestId;
   code: number;
   message: string;
+  /** For a JSON-RPC batch: the ids of its requests, each answered with this error (MCP has no batching). */
+  batch?: Array<string | number>;
 }
+
+const BATCH_MESSAGE = "Invalid Request: JSON-RPC batches are not supported (MCP 2025-06-18 removed them); send one message per line";
 
 const describe = (value: unknown): string => (value === null ? "null" : Array.isArray(value) ? "an array" : `a ${typeof value}`);
 
@@ -31,6 +35,10 @@ export function rejectFrame(line: string): Rejection | null {
     message = JSON.parse(line);
   } catch (error) {
     return { id: null, code: ErrorCode.ParseError, message: `Parse error: the line is not JSON (${(error as Error).message})` };
+  }
+  if (Array.isArray(message)) {
+    const ids = message.filter(isObject).map(requestId).filter((id) => id !== null);
+    if (ids.length > 0) return { id: null, code: ErrorCode.InvalidRequest, message: BATCH_MESSAGE, batch: ids };
   }
   if (!isObject(message)) return { id: null, code: ErrorCode.InvalidRequest, message: `Invalid Request: a message must be a JSON object, not ${describe(message)}` };
   const id = requestId(message);
@@ -77,8 +85,10 @@ export function gatedInput(input: Readable, output: Writable): Readable {
       return;
     }
     console.error(`[iris-rag] answered a bad frame with ${rejection.code}: ${rejection.message}`);
-    const { id, code, message } = rejection;
-    output.write(`${JSON.stringify({ jsonrpc: "2.0", id, error: { code, message } })}\n`);
+    const { id, code, message, batch } = rejection;
+    // A batch is answered as JSON-RPC 2.0 answers one: an array holding each request's error.
+    const answer = batch ? batch.map((each) => ({ jsonrpc: "2.0", id: each, error: { code, message } })) : { jsonrpc: "2.0", id, error: { code, message } };
+    output.write(`${JSON.stringify(answer)}\n`);
   });
   lines.on("close", () => gated.end());
   return gated;

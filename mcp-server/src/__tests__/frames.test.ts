@@ -15,6 +15,8 @@ describe("rejectFrame: frames the SDK would drop or answer with a zod dump", () 
 
   it("answers a line that is not JSON with -32700 and a non-object with -32600", () => {
     assert.deepEqual(rejectFrame("{not json")?.code, -32700);
+    const batch = rejectFrame('[{"jsonrpc":"2.0","id":"b1","method":"ping"},{"jsonrpc":"2.0","method":"notifications/initialized"},{"id":3}]');
+    assert.deepEqual([batch?.code, batch?.batch], [-32600, ["b1", 3]]);
     assert.deepEqual(rejectFrame("[1]"), { id: null, code: -32600, message: "Invalid Request: a message must be a JSON object, not an array" });
   });
 
