@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -175,30 +174,6 @@ def test_full_session_and_bad_input(worker: WorkerProcess) -> None:
     assert shutdown["result"] == {"shutting_down": True}
     assert worker.process.wait(timeout=30) == 0
     assert worker.all_lines_are_json()
-
-
-def test_killed_mid_request_loses_no_stored_data(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    first = WorkerProcess(data)
-    assert first.call("ingest", {"collection_id": "docs", "documents": DOCUMENTS})["success"]
-    big = [{"id": f"bulk-{i}", "content": f"Bulk document {i}. " * 200} for i in range(300)]
-    first.send("ingest", {"collection_id": "docs", "documents": big})
-    time.sleep(1.0)
-    first.process.send_signal(signal.SIGKILL)
-    first.process.wait(timeout=10)
-
-    second = WorkerProcess(data)
-    try:
-        collections = second.call("list_collections")["result"]["collections"]
-        count = next(c["document_count"] for c in collections if c["id"] == "docs")
-        assert count in (3, 303), "the killed ingest is all or nothing"
-        answer = second.call(
-            "execute",
-            {"technique": "basic", "arguments": {"query": "aspirin heart attack", "collection_id": "docs"}},
-        )
-        assert answer["result"]["retrieved_documents"][0]["id"] == "aspirin"
-    finally:
-        second.stop()
 
 
 def test_shutdown_during_a_long_request_exits_cleanly_and_keeps_stored_data(tmp_path: Path) -> None:
