@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 from iris_rag.models.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from iris_rag.stores.sqlite import SqliteStore
 from tests.conftest import DOCUMENTS, ROOT
 
 PENGUIN = {
@@ -115,3 +118,41 @@ def test_cli_ingest_is_seen_by_a_running_service(
             assert top_ids(run(server, technique))[0] == "penguin", technique
     finally:
         server.close()
+
+
+class _GatedConnection:
+    """The thread's real connection, except that loading the vector matrix waits for a gate."""
+
+    def __init__(self, connection: Any, gate: threading.Event, loading: threading.Event) -> None:
+        self._connection, self._gate, self._loading = connection, gate, loading
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith("SELECT chunk_id, document_id, embedding FROM chunks"):
+            self._loading.set()
+            self._gate.wait(30)
+        return self._connection.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+
+def test_stats_never_wait_behind_a_matrix_load(
+    loaded_service: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Health reads the store's stats while another call loads a collection's vectors: it answers at once."""
+    store = loaded_service.store
+    assert isinstance(store, SqliteStore)
+    gate, loading = threading.Event(), threading.Event()
+    connection_of_thread = store._connection
+    monkeypatch.setattr(store, "_connection", lambda: _GatedConnection(connection_of_thread(), gate, loading))
+    searching = threading.Thread(target=store.chunk_count, args=("docs",))
+    searching.start()
+    try:
+        assert loading.wait(10)
+        with ThreadPoolExecutor(1) as pool:
+            stats = pool.submit(store.stats).result(timeout=10)
+            health = pool.submit(loaded_service.health_check, {"include_details": True}).result(timeout=10)
+        assert stats["documents"] == 3 and health["status"] == "healthy"
+    finally:
+        gate.set()
+        searching.join()
