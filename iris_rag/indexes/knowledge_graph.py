@@ -56,7 +56,7 @@ _BATCH = 500  # ids per IN (...) list
 # phrases with every name in graphs of up to this many entities, else with those mentioned by 2+ documents.
 EMBED_ALL_ENTITIES_UP_TO = 20_000
 MIN_DOCUMENTS_TO_EMBED = 2
-NAME_ENCODE_BATCH = 4096  # names per encoder call (short texts: large batches amortise its per-batch cost)
+NAME_ENCODE_BATCH = 1024  # names per encoder call: short calls, a cancellation checkpoint between them
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kg_collections (
