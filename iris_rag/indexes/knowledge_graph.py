@@ -9,7 +9,8 @@ Tables (every row carries its collection):
 - kg_collections: one row per collection: which extractor built its graph, and a version bumped by every
   change (query-time caches key on it).
 - kg_documents: the documents the graph covers, each with the extractor that read it.
-- kg_entities: key (normalised name), display name, type, mention and document counts.
+- kg_entities: key (normalised name), display name, type, mention and document counts, and the name's
+  embedding (computed in prepare(), stored with the entity; NULL for graphs built before it was stored).
 - kg_aliases: abbreviation -> entity, per defining document ("TNF" -> tumor necrosis factor).
 - kg_mentions: entity, document, chunk, field (title or content) and character offsets in that field.
 - kg_relations: source, target, type and weight, the weight being the sum of the evidence counts.
@@ -23,7 +24,6 @@ import hashlib
 import logging
 import math
 import sqlite3
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.graph.extraction import (
     ChatClient,
     DocumentGraph,
@@ -46,14 +47,16 @@ from iris_rag.graph.extraction import (
 from iris_rag.models.embedder import Embedder
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentInput, DocumentStore
+from iris_rag.stores.versioned import VersionedCache
 
 logger = logging.getLogger(__name__)
 
 _BATCH = 500  # ids per IN (...) list
-# Entity names are embedded (once: the vectors go to the store's embedding cache) when a query first needs
-# them: every name in graphs of up to this many entities, else only those mentioned by 2+ documents.
+# Entity names are embedded at ingest (prepare) and stored with the entity. A query compares the query's
+# phrases with every name in graphs of up to this many entities, else with those mentioned by 2+ documents.
 EMBED_ALL_ENTITIES_UP_TO = 20_000
 MIN_DOCUMENTS_TO_EMBED = 2
+NAME_ENCODE_BATCH = 1024  # names per encoder call: short calls, a cancellation checkpoint between them
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kg_collections (
@@ -80,6 +83,7 @@ CREATE TABLE IF NOT EXISTS kg_entities (
     type           TEXT NOT NULL,
     mention_count  INTEGER NOT NULL DEFAULT 0,
     document_count INTEGER NOT NULL DEFAULT 0,
+    embedding      BLOB,
     UNIQUE (collection_id, key)
 );
 CREATE TABLE IF NOT EXISTS kg_aliases (
@@ -160,9 +164,10 @@ class PreparedDocument:
 
 @dataclass
 class PreparedGraphs:
-    """What prepare() hands to write(): an extraction per document."""
+    """What prepare() hands to write(): an extraction per document, and every mentioned name's vector."""
 
     documents: dict[str, PreparedDocument] = field(default_factory=dict)
+    name_vectors: dict[str, npt.NDArray[np.float32]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +184,8 @@ class EntityRow:
 
 @dataclass
 class EntityTable:
-    """A collection's entities, aliases and name vectors, loaded once per graph version."""
+    """A collection's entities, aliases and name vectors, loaded once per data version."""
 
-    version: int
     documents: int
     rows: list[EntityRow]
     row_of_id: dict[int, int]
@@ -255,10 +259,8 @@ class KnowledgeGraphIndex:
         self.llm: LlmExtractor | None = (
             LlmExtractor(ChatClient(settings)) if settings.llm_provider == "openai" else None
         )
-        self._lock = threading.Lock()
-        self._tables: dict[str, EntityTable] = {}
-        self._name_vectors: dict[str, npt.NDArray[np.float32]] = {}
-        self._components: dict[str, tuple[int, int]] = {}
+        self._tables: VersionedCache[EntityTable] = VersionedCache()
+        self._components: VersionedCache[int] = VersionedCache()
 
     @property
     def extractor_name(self) -> str:
@@ -267,15 +269,24 @@ class KnowledgeGraphIndex:
 
     # TechniqueIndex
     def create_tables(self, connection: sqlite3.Connection) -> None:
-        """Create the graph tables if absent."""
+        """Create the graph tables if absent; give a graph from before stored name vectors their column."""
         connection.executescript(_SCHEMA)
+        columns = {row[1] for row in connection.execute("PRAGMA table_info(kg_entities)").fetchall()}
+        if "embedding" not in columns:
+            connection.execute("ALTER TABLE kg_entities ADD COLUMN embedding BLOB")
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> PreparedGraphs:
-        """Extract entities and relations from each document and place each unit in its chunk."""
+        """Extract entities and relations from each document, place each unit in its chunk, embed the names.
+
+        Every name a mention gives is embedded here, outside the transaction, so that write() stores each
+        new entity with its vector and no query ever embeds the graph.
+        """
         prepared = PreparedGraphs()
         for document in documents:
             graph = self._extract(document)
             prepared.documents[document.id] = PreparedDocument(graph, _unit_chunks(graph.units, document))
+        names = [m.name for item in prepared.documents.values() for m in item.graph.mentions]
+        prepared.name_vectors = self.name_vectors(names)
         return prepared
 
     def _extract(self, document: DocumentInput) -> DocumentGraph:
@@ -319,12 +330,21 @@ class KnowledgeGraphIndex:
             [(collection_id, key, name, kind) for key, (name, kind) in names.items()],
         )
         ids: dict[str, int] = {}
+        unembedded: list[tuple[bytes, int]] = []
         for batch in _batches(list(names)):
             rows = connection.execute(
-                f"SELECT id, key FROM kg_entities WHERE collection_id = ? AND key IN ({_marks(batch)})",
+                "SELECT id, key, name, embedding IS NULL FROM kg_entities "
+                f"WHERE collection_id = ? AND key IN ({_marks(batch)})",
                 (collection_id, *batch),
             ).fetchall()
             ids.update({row[1]: row[0] for row in rows})
+            # New entities (and old ones stored before vectors were) get the vector of their stored name.
+            unembedded += [
+                (_blob(prepared.name_vectors[row[2]]), row[0])
+                for row in rows
+                if row[3] and row[2] in prepared.name_vectors
+            ]
+        connection.executemany("UPDATE kg_entities SET embedding = ? WHERE id = ?", unembedded)
 
         mention_rows: list[tuple[Any, ...]] = []
         alias_rows: list[tuple[Any, ...]] = []
@@ -526,7 +546,9 @@ class KnowledgeGraphIndex:
         """Per collection: documents, entities, mentions, relations, extractor and the largest component."""
         collections: dict[str, Any] = {}
         for collection_id, extractor, llm_model, version in connection.execute(
-            "SELECT collection_id, extractor, llm_model, version FROM kg_collections ORDER BY collection_id"
+            """SELECT g.collection_id, g.extractor, g.llm_model, COALESCE(v.version, 0) FROM kg_collections g
+               LEFT JOIN collection_versions v ON v.collection_id = g.collection_id
+               ORDER BY g.collection_id"""
         ).fetchall():
             counts = {
                 name: connection.execute(
@@ -549,35 +571,10 @@ class KnowledgeGraphIndex:
         return {"collections": collections}
 
     def largest_component(self, connection: sqlite3.Connection, collection_id: str, version: int) -> int:
-        """Entities in the largest connected component (union-find over the relations; cached per version)."""
-        with self._lock:
-            cached = self._components.get(collection_id)
-            if cached is not None and cached[0] == version:
-                return cached[1]
-        parent: dict[int, int] = {}
-
-        def find(x: int) -> int:
-            root = parent.setdefault(x, x)
-            while parent[root] != root:
-                root = parent[root]
-            while parent[x] != root:
-                parent[x], x = root, parent[x]
-            return root
-
-        for source, target in connection.execute(
-            "SELECT source_id, target_id FROM kg_relations WHERE collection_id = ?", (collection_id,)
-        ):
-            a, b = find(source), find(target)
-            if a != b:
-                parent[a] = b
-        sizes = Counter(find(x) for x in list(parent))
-        entities = connection.execute(
-            "SELECT COUNT(*) FROM kg_entities WHERE collection_id = ?", (collection_id,)
-        ).fetchone()[0]
-        largest = max(sizes.values(), default=1 if entities else 0)
-        with self._lock:
-            self._components[collection_id] = (version, largest)
-        return largest
+        """Entities in the largest connected component (union-find; once per data version)."""
+        return self._components.get(
+            collection_id, version, lambda: _largest_component(connection, collection_id)
+        )
 
     def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
         """How many of the collection's documents the graph covers."""
@@ -612,67 +609,88 @@ class KnowledgeGraphIndex:
             ).fetchall()
         }
 
-    def entity_table(self, collection_id: str) -> EntityTable:
-        """The collection's entities with their name vectors, reloaded only when the graph changed."""
-        connection = self.store.connection()
-        version = int(self.collection_info(collection_id)["version"])
-        with self._lock:
-            table = self._tables.get(collection_id)
-            if table is not None and table.version == version:
-                return table
-            rows = [
-                EntityRow(*row)
-                for row in connection.execute(
-                    "SELECT id, key, name, type, mention_count, document_count FROM kg_entities "
-                    "WHERE collection_id = ? ORDER BY id",
-                    (collection_id,),
-                ).fetchall()
-            ]
-            aliases: dict[str, list[int]] = defaultdict(list)
-            for alias, entity_id in connection.execute(
-                "SELECT DISTINCT alias, entity_id FROM kg_aliases WHERE collection_id = ?", (collection_id,)
-            ).fetchall():
-                aliases[alias].append(entity_id)
-            documents = self.indexed_documents(connection, collection_id)
-            # Large graphs embed the names of the entities that connect documents; the long tail of
-            # entities mentioned by one document still links exactly and fuzzily.
-            min_documents = 1 if len(rows) <= EMBED_ALL_ENTITIES_UP_TO else MIN_DOCUMENTS_TO_EMBED
-            embedded = np.array(
-                [i for i, r in enumerate(rows) if r.document_count >= min_documents], dtype=np.int64
-            )
-            table = EntityTable(
-                version=version,
-                documents=documents,
-                rows=rows,
-                row_of_id={r.id: i for i, r in enumerate(rows)},
-                id_of_key={r.key: r.id for r in rows},
-                ids_of_alias=dict(aliases),
-                keys=[r.key for r in rows],
-                vector_rows=embedded,
-                vectors=self._vectors([rows[i].name for i in embedded]),
-            )
-            self._tables[collection_id] = table
-            return table
+    def entity_table(self, collection_id: str, version: int) -> EntityTable:
+        """The collection's entities with their name vectors, loaded once per data version (read before)."""
+        return self._tables.get(collection_id, version, lambda: self._load_entities(collection_id))
 
-    def _vectors(self, names: list[str]) -> npt.NDArray[np.float32]:
-        """Name vectors from the in-memory cache, then the store's embedding cache, then the encoder."""
-        missing = [n for n in dict.fromkeys(names) if n not in self._name_vectors]
-        if missing:
-            model = self.settings.embedding_model
-            hashes = {text_hash(n): n for n in missing}
-            cached = self.store.cached_embeddings(model, list(hashes))
-            for h, vector in cached.items():
-                self._name_vectors[hashes[h]] = vector
-            fresh = [(h, n) for h, n in hashes.items() if h not in cached]
-            for batch in _batches(fresh, 4096):
-                # Short texts: large batches amortise the encoder's per-batch cost.
-                vectors = self.embedder.encode([n for _, n in batch], batch_size=256)
-                self.store.cache_embeddings(model, [(h, vectors[i]) for i, (h, _) in enumerate(batch)])
-                for i, (_, n) in enumerate(batch):
-                    self._name_vectors[n] = vectors[i]
+    def _load_entities(self, collection_id: str) -> EntityTable:
+        connection = self.store.connection()
+        total = connection.execute(
+            "SELECT COUNT(*) FROM kg_entities WHERE collection_id = ?", (collection_id,)
+        ).fetchone()[0]
+        # Large graphs compare the query with the names of the entities that connect documents; the long
+        # tail of entities mentioned by one document still links exactly and fuzzily.
+        min_documents = 1 if total <= EMBED_ALL_ENTITIES_UP_TO else MIN_DOCUMENTS_TO_EMBED
+        rows: list[EntityRow] = []
+        embedded: list[int] = []
+        blobs: list[bytes | None] = []
+        for row in connection.execute(
+            "SELECT id, key, name, type, mention_count, document_count, "
+            "CASE WHEN document_count >= ? THEN embedding END, document_count >= ? "
+            "FROM kg_entities WHERE collection_id = ? ORDER BY id",
+            (min_documents, min_documents, collection_id),
+        ):
+            if row[7]:
+                embedded.append(len(rows))
+                blobs.append(row[6])
+            rows.append(EntityRow(*row[:6]))
+        aliases: dict[str, list[int]] = defaultdict(list)
+        for alias, entity_id in connection.execute(
+            "SELECT DISTINCT alias, entity_id FROM kg_aliases WHERE collection_id = ?", (collection_id,)
+        ).fetchall():
+            aliases[alias].append(entity_id)
+        return EntityTable(
+            documents=self.indexed_documents(connection, collection_id),
+            rows=rows,
+            row_of_id={r.id: i for i, r in enumerate(rows)},
+            id_of_key={r.key: r.id for r in rows},
+            ids_of_alias=dict(aliases),
+            keys=[r.key for r in rows],
+            vector_rows=np.array(embedded, dtype=np.int64),
+            vectors=self._stored_vectors(collection_id, [rows[i].name for i in embedded], blobs),
+        )
+
+    def _stored_vectors(
+        self, collection_id: str, names: list[str], blobs: list[bytes | None]
+    ) -> npt.NDArray[np.float32]:
+        """The stored name vectors; names stored without one (a graph built before) are embedded now."""
         if not names:
             return np.zeros((0, self.embedder.dimension), dtype=np.float32)
-        return np.stack([self._name_vectors[n] for n in names]).astype(np.float32, copy=False)
+        missing = [name for name, blob in zip(names, blobs, strict=True) if blob is None]
+        if not missing:  # one join and one view: stacking 9,000 small arrays took 0.2 s of a cold call
+            stored = np.frombuffer(b"".join(b for b in blobs if b is not None), dtype=np.float32)
+            return stored.reshape(len(blobs), -1)
+        fresh = self.name_vectors(missing)
+        logger.warning(
+            "the graph of %r was built before entity vectors were stored: %d names embedded at query "
+            "time (kept in the embedding cache); `iris-rag reindex --collection %s` stores them",
+            collection_id,
+            len(missing),
+            collection_id,
+        )
+        return np.stack(
+            [
+                fresh[name] if blob is None else np.frombuffer(blob, dtype=np.float32)
+                for name, blob in zip(names, blobs, strict=True)
+            ]
+        ).astype(np.float32, copy=False)
+
+    def name_vectors(self, names: list[str]) -> dict[str, npt.NDArray[np.float32]]:
+        """Each distinct name's vector: from the store's embedding cache, else encoded (and cached)."""
+        unique = list(dict.fromkeys(names))
+        if not unique:
+            return {}
+        model = self.settings.embedding_model
+        hashes = {text_hash(n): n for n in unique}
+        cached = self.store.cached_embeddings(model, list(hashes))
+        vectors = {hashes[h]: vector for h, vector in cached.items()}
+        fresh = [(h, n) for h, n in hashes.items() if h not in cached]
+        for batch in _batches(fresh, NAME_ENCODE_BATCH):
+            check_cancelled()  # between encoder calls: a cancelled ingest stops here
+            encoded = self.embedder.encode([n for _, n in batch], batch_size=256)
+            self.store.cache_embeddings(model, [(h, encoded[i]) for i, (h, _) in enumerate(batch)])
+            vectors.update({n: encoded[i] for i, (_, n) in enumerate(batch)})
+        return vectors
 
     def relations_of(self, collection_id: str, entity_ids: Iterable[int]) -> list[RelationRow]:
         """Every relation with one of the entities at either end."""
@@ -730,6 +748,35 @@ class KnowledgeGraphIndex:
             .fetchall()
         )
         return [row[0] for row in rows]
+
+
+def _blob(vector: npt.NDArray[np.float32]) -> bytes:
+    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+
+
+def _largest_component(connection: sqlite3.Connection, collection_id: str) -> int:
+    """Entities in the largest connected component of the collection's graph (union-find)."""
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        root = parent.setdefault(x, x)
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    for source, target in connection.execute(
+        "SELECT source_id, target_id FROM kg_relations WHERE collection_id = ?", (collection_id,)
+    ):
+        a, b = find(source), find(target)
+        if a != b:
+            parent[a] = b
+    sizes = Counter(find(x) for x in list(parent))
+    entities = connection.execute(
+        "SELECT COUNT(*) FROM kg_entities WHERE collection_id = ?", (collection_id,)
+    ).fetchone()[0]
+    return max(sizes.values(), default=1 if entities else 0)
 
 
 def _unit_chunks(units: list[Unit], document: DocumentInput) -> list[int]:

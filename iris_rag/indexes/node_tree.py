@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,6 +24,7 @@ import orjson
 from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.models.embedder import Embedder
 from iris_rag.stores.base import DocumentInput, DocumentStore
+from iris_rag.stores.versioned import VersionedCache
 
 NodeKind = Literal["document", "section", "paragraph", "sentence"]
 Vectors = npt.NDArray[np.float32]
@@ -290,9 +290,8 @@ class PreparedTree:
 
 @dataclass(frozen=True)
 class LeafMatrix:
-    """A collection's leaf vectors as one matrix, reloaded after the collection changes."""
+    """A collection's leaf vectors as one matrix, reloaded when the collection's data version moves on."""
 
-    key: tuple[int, str]
     document_ids: list[str]
     node_ids: npt.NDArray[np.int64]
     parent_ids: npt.NDArray[np.int64]
@@ -340,9 +339,7 @@ class NodeTreeIndex:
         self.embedder = embedder
         self.store = store
         self.model_name = model_name
-        self._lock = threading.Lock()
-        self._generations: dict[str, int] = {}
-        self._matrices: dict[str, LeafMatrix] = {}
+        self._matrices: VersionedCache[LeafMatrix] = VersionedCache()
 
     # The TechniqueIndex protocol
     def create_tables(self, connection: sqlite3.Connection) -> None:
@@ -405,7 +402,6 @@ class NodeTreeIndex:
                 "INSERT INTO node_tree_documents VALUES (?, ?, ?, ?, ?)",
                 (collection_id, tree.document_id, len(tree.nodes), leaf, max(n.level for n in tree.nodes)),
             )
-        self._invalidate(collection_id)
 
     def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
         """Remove a document's nodes (inside the replace or delete transaction)."""
@@ -414,16 +410,15 @@ class NodeTreeIndex:
                 f"DELETE FROM {table} WHERE collection_id = ? AND document_id = ?",
                 (collection_id, document_id),
             )
-        self._invalidate(collection_id)
 
     def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
         """Document, node and leaf counts, and the leaf matrices loaded in memory."""
         row = connection.execute(
             "SELECT COUNT(*), COALESCE(SUM(nodes), 0), COALESCE(SUM(leaves), 0) FROM node_tree_documents"
         ).fetchone()
-        with self._lock:
-            loaded = {cid: len(m.document_ids) for cid, m in self._matrices.items()}
-            memory = sum(m.matrix.nbytes for m in self._matrices.values())
+        matrices = self._matrices.snapshot()  # never waits for a matrix being loaded
+        loaded = {cid: len(m.document_ids) for cid, m in matrices.items()}
+        memory = sum(m.matrix.nbytes for m in matrices.values())
         return {
             "documents": row[0],
             "nodes": row[1],
@@ -457,22 +452,10 @@ class NodeTreeIndex:
         return np.stack([cached[h] for h in hashes]).astype(np.float32, copy=False)
 
     # Reading
-    def _invalidate(self, collection_id: str) -> None:
-        with self._lock:
-            self._generations[collection_id] = self._generations.get(collection_id, 0) + 1
+    def leaf_matrix(self, connection: sqlite3.Connection, collection_id: str, version: int) -> LeafMatrix:
+        """The collection's leaf vectors, loaded once per data version (read before this call)."""
 
-    def leaf_matrix(self, connection: sqlite3.Connection, collection_id: str, updated_at: str) -> LeafMatrix:
-        """The collection's leaf vectors, loaded once and reloaded after a write.
-
-        The key holds this index's write generation and the collection's updated_at, which the writing
-        transaction commits: a matrix read while a write was in flight, or after another process wrote,
-        is replaced on the next call.
-        """
-        with self._lock:
-            key = (self._generations.get(collection_id, 0), updated_at)
-            matrix = self._matrices.get(collection_id)
-            if matrix is not None and matrix.key == key:
-                return matrix
+        def load() -> LeafMatrix:
             rows = connection.execute(
                 "SELECT document_id, node_id, parent_id, embedding FROM node_tree_nodes "
                 "WHERE collection_id = ? AND embedding IS NOT NULL ORDER BY rowid",
@@ -483,15 +466,14 @@ class NodeTreeIndex:
                 if rows
                 else np.zeros((0, 0), dtype=np.float32)
             )
-            matrix = LeafMatrix(
-                key,
+            return LeafMatrix(
                 [row[0] for row in rows],
                 np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows)),
                 np.fromiter((row[2] for row in rows), dtype=np.int64, count=len(rows)),
                 vectors,
             )
-            self._matrices[collection_id] = matrix
-            return matrix
+
+        return self._matrices.get(collection_id, version, load)
 
     def document_trees(
         self, connection: sqlite3.Connection, collection_id: str, document_ids: list[str]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ from iris_rag.indexes.token_vectors import ChunkTokens, TokenEncoder, TokenVecto
 from iris_rag.pipelines.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
+from iris_rag.stores.versioned import VersionedCache
 
 Floats = npt.NDArray[np.float32]
 
@@ -112,9 +112,8 @@ class ColbertPipeline(Pipeline):
         super().__init__(context)
         self.encoder = TokenEncoder(context.embedder)
         self.index = TokenVectorIndex(self.encoder)
-        # Per collection: (updated_at, IDF per word-piece id), reloaded when the collection changes.
-        self._idf: dict[str, tuple[str, npt.NDArray[np.float32]]] = {}
-        self._idf_lock = threading.Lock()
+        # Per collection: the IDF of every word-piece id, reloaded when the data version moves on.
+        self._idf: VersionedCache[npt.NDArray[np.float32]] = VersionedCache()
 
     def technique_index(self) -> TechniqueIndex:
         """Token vectors, built at ingest."""
@@ -235,18 +234,17 @@ class ColbertPipeline(Pipeline):
 
     def _collection_idf(self, collection: CollectionInfo) -> npt.NDArray[np.float32]:
         """IDF of every word piece over the collection's chunks, from the index's frequency table."""
-        with self._idf_lock:
-            cached = self._idf.get(collection.id)
-            if cached is None or cached[0] != collection.updated_at:
-                total, frequencies = self.index.frequencies(self.context.store.connection(), collection.id)
-                counts = np.zeros(self.encoder.vocabulary_size, dtype=np.float64)
-                for token, chunks in frequencies.items():
-                    if token < counts.shape[0]:
-                        counts[token] = chunks
-                idf = np.log((total + 1) / (counts + 1)).astype(np.float32)
-                cached = (collection.updated_at, idf)
-                self._idf[collection.id] = cached
-            return cached[1]
+
+        def build() -> npt.NDArray[np.float32]:
+            total, frequencies = self.index.frequencies(self.context.store.connection(), collection.id)
+            counts = np.zeros(self.encoder.vocabulary_size, dtype=np.float64)
+            for token, chunks in frequencies.items():
+                if token < counts.shape[0]:
+                    counts[token] = chunks
+            idf: npt.NDArray[np.float32] = np.log((total + 1) / (counts + 1)).astype(np.float32)
+            return idf
+
+        return self._idf.get(collection.id, collection.version, build)
 
 
 def _select_tokens(candidate: _Candidate, ratio: float, idf: npt.NDArray[np.float32]) -> None:

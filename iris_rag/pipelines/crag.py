@@ -30,6 +30,7 @@ from iris_rag.pipelines.keyword_query import STOPWORDS, match_expression, query_
 from iris_rag.pipelines.llm_helper import Produced, TechniqueLLM, first_line
 from iris_rag.stores.base import CollectionInfo, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
+from iris_rag.stores.versioned import VersionedCache
 
 Verdict = Literal["correct", "ambiguous", "incorrect"]
 Vector = npt.NDArray[np.float32]
@@ -418,8 +419,8 @@ class CragPipeline(Pipeline):
     def __init__(self, context: PipelineContext) -> None:
         super().__init__(context)
         self._llm = TechniqueLLM(context.settings)
-        self._vocabularies: dict[str, tuple[str, dict[str, int]]] = {}
-        self._vocabulary_lock = threading.Lock()
+        # The keyword index's vocabulary; reloaded when the data version moves on.
+        self._vocabularies: VersionedCache[dict[str, int]] = VersionedCache()
 
     def retrieve(
         self, query: str, collection: CollectionInfo, options: QueryOptions, params: CragParams
@@ -813,12 +814,11 @@ class CragPipeline(Pipeline):
         return report
 
     def _vocabulary(self, collection: CollectionInfo) -> dict[str, int]:
-        with self._vocabulary_lock:
-            cached = self._vocabularies.get(collection.id)
-            if cached is None or cached[0] != collection.updated_at:
-                cached = (collection.updated_at, self.context.store.term_document_counts(collection.id))
-                self._vocabularies[collection.id] = cached
-            return cached[1]
+        return self._vocabularies.get(
+            collection.id,
+            collection.version,
+            lambda: self.context.store.term_document_counts(collection.id),
+        )
 
 
 def _cosines(candidates: dict[str, Candidate]) -> dict[str, float]:

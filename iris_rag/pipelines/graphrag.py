@@ -3,8 +3,8 @@
 Retrieval, step by step:
 1. Link: the query's phrases (found by the same rule extractor that reads documents) are matched to entities
    exactly (normalised key or a defined abbreviation), fuzzily (rapidfuzz ratio of the keys) and by the
-   cosine of their embeddings with the entity names' (cached per collection and graph version). Fuzzy and
-   embedding matches must reach entity_threshold. A linked entity starts with score
+   cosine of their embeddings with the entity names' (embedded at ingest, loaded once per data version).
+   Fuzzy and embedding matches must reach entity_threshold. A linked entity starts with score
    confidence * specificity (normalised IDF of the documents mentioning it).
 2. Walk (networkx, up to max_hops): the chunks that mention a linked entity are reached at hop 0. At each
    hop the relations of the frontier entities are loaded into a networkx graph; the edge u -> v carries the
@@ -31,6 +31,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.graph.extraction import GENERIC, STOPWORDS, RuleExtractor, entity_key
 from iris_rag.indexes.base import TechniqueIndex
 from iris_rag.indexes.knowledge_graph import EntityRow, EntityTable, KnowledgeGraphIndex, RelationRow
@@ -223,6 +224,7 @@ def walk_graph(
     visited = set(frontier)
     expanded: set[int] = set()
     for hop in range(1, max_hops + 1):
+        check_cancelled()  # each hop loads relations and evidence: stop here once the call is cancelled
         if not frontier:
             break
         for relation in index.relations_of(collection_id, [u for u in frontier if u not in expanded]):
@@ -305,13 +307,15 @@ class GraphRagPipeline(Pipeline):
         store = self.context.store
         metadata_filter = parse_filters(options.filters)
         allowed = store.matching_document_ids(collection.id, metadata_filter) if metadata_filter else None
-        table = self.index.entity_table(collection.id)
+        table = self.index.entity_table(collection.id, collection.version)
         phrases = query_phrases(query)
         # One encoder call for the query and its phrases.
         vectors = self.context.embedder.encode([query, *phrases])
         query_vector = vectors[0]
+        check_cancelled()
         linked = link_entities(phrases, vectors[1:], table, params.entity_threshold)
         walk = walk_graph(self.index, collection.id, table, linked, params.max_hops, allowed)
+        check_cancelled()
 
         pool = max(options.top_k, CANDIDATE_POOL)
         dense_hits = store.vector_search(collection.id, query_vector, pool, metadata_filter)
@@ -383,7 +387,8 @@ class GraphRagPipeline(Pipeline):
         limit = int(arguments.get("limit", 20))
         evidence_limit = int(arguments.get("evidence_per_relation", 2))
         relation_type = arguments.get("relation_type")
-        table = self.index.entity_table(collection.id)
+        table = self.index.entity_table(collection.id, collection.version)
+        check_cancelled()
         info = self.index.collection_info(collection.id)
         result: dict[str, Any] = {
             "collection_id": collection.id,
@@ -400,6 +405,7 @@ class GraphRagPipeline(Pipeline):
             result["suggestions"] = self._suggestions(arguments["entity"], table)
             return result
         entity, method, confidence = match
+        check_cancelled()
         relations = [
             r
             for r in self.index.relations_of(collection.id, [entity.id])
@@ -417,6 +423,7 @@ class GraphRagPipeline(Pipeline):
         if evidence_limit:
             for row in self.index.evidence_of([r.id for _, data in shown for r in data["relations"]]):
                 evidence[row.relation_id].append(row)
+        check_cancelled()
         texts = _EvidenceTexts(self, collection.id)
         result.update(
             {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -18,6 +17,7 @@ from iris_rag.pipelines.keyword_query import (
 )
 from iris_rag.stores.base import CollectionInfo, KeywordScoring, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
+from iris_rag.stores.versioned import VersionedCache
 
 
 class HybridParams(BaseModel):
@@ -51,9 +51,8 @@ class HybridIFindPipeline(Pipeline):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # The keyword index's vocabulary, for fuzzy repair; reloaded when the collection changes.
-        self._vocabularies: dict[str, tuple[str, dict[str, int]]] = {}
-        self._vocabulary_lock = threading.Lock()
+        # The keyword index's vocabulary, for fuzzy repair; reloaded when the data version moves on.
+        self._vocabularies: VersionedCache[dict[str, int]] = VersionedCache()
 
     def retrieve(
         self, query: str, collection: CollectionInfo, options: QueryOptions, params: HybridParams
@@ -161,12 +160,11 @@ class HybridIFindPipeline(Pipeline):
         return repair_terms(unknown_terms(terms, vocabulary), vocabulary)
 
     def _vocabulary(self, collection: CollectionInfo) -> dict[str, int]:
-        with self._vocabulary_lock:
-            cached = self._vocabularies.get(collection.id)
-            if cached is None or cached[0] != collection.updated_at:
-                cached = (collection.updated_at, self.context.store.term_document_counts(collection.id))
-                self._vocabularies[collection.id] = cached
-            return cached[1]
+        return self._vocabularies.get(
+            collection.id,
+            collection.version,
+            lambda: self.context.store.term_document_counts(collection.id),
+        )
 
 
 def _metadata_mentions(chunk: StoredChunk | None, fields: list[str], terms: list[str]) -> bool:

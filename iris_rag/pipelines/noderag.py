@@ -120,7 +120,7 @@ class NodeRagPipeline(Pipeline):
         self.require_index(collection)
         store = self.context.store
         connection = store.connection()
-        leaves = self._index.leaf_matrix(connection, collection.id, collection.updated_at)
+        leaves = self._index.leaf_matrix(connection, collection.id, collection.version)
         query_vector = self.context.embedder.encode_query(query)
         scores = leaves.matrix @ query_vector if leaves.document_ids else np.zeros(0, dtype=np.float32)
         metadata_filter = parse_filters(options.filters)

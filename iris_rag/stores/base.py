@@ -30,6 +30,8 @@ class CollectionInfo:
     chunk_count: int = 0
     created_at: str = ""
     updated_at: str = ""
+    # The data version when this was read (DocumentStore.data_version): caches of derived state key on it.
+    version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,12 @@ class DocumentStore(Protocol):
         """Chunks by id, in the order asked (unknown ids are skipped)."""
 
     # Search
+    def data_version(self, collection_id: str) -> int:
+        """The collection's data version, moved on by every write or delete of its documents (any process).
+
+        Caches of derived state (stores.versioned) key on it; reading it is one cheap query.
+        """
+
     def vector_search(
         self,
         collection_id: str,

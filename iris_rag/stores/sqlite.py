@@ -27,10 +27,11 @@ from iris_rag.stores.base import (
     StoredDocument,
 )
 from iris_rag.stores.filters import MetadataFilter, json_path, to_sql
+from iris_rag.stores.versioned import VersionedCache
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -79,7 +80,25 @@ CREATE TABLE IF NOT EXISTS calls (
     error_code  TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts);
+CREATE TABLE IF NOT EXISTS collection_versions (
+    collection_id TEXT PRIMARY KEY,
+    version       INTEGER NOT NULL
+) WITHOUT ROWID;
 """
+
+# The data version of a collection: bumped by the database itself, in the writing transaction, whenever a
+# document row of the collection is inserted, replaced or deleted, by any process. Chunks, keyword rows and
+# every technique index change only together with their document rows, so every cache of derived state
+# keys on this one number (stores.versioned). A table of its own, not a column of `collections`: versions
+# never repeat, even for a collection deleted and created again.
+_VERSION_TRIGGERS = "".join(
+    f"""
+CREATE TRIGGER IF NOT EXISTS documents_version_{event.lower()} AFTER {event} ON documents BEGIN
+    INSERT INTO collection_versions VALUES ({row}.collection_id, 1)
+    ON CONFLICT (collection_id) DO UPDATE SET version = version + 1;
+END;"""
+    for event, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD"))
+)
 
 
 # Every per-collection keyword table is named from the hex of the collection id's UTF-8 bytes: SQLite table
@@ -231,9 +250,8 @@ def _now() -> str:
 
 @dataclass(frozen=True)
 class _VectorIndex:
-    """A collection's vectors as one matrix, rebuilt when the collection changes."""
+    """A collection's vectors as one matrix, rebuilt when the collection's data version moves on."""
 
-    generation: int
     chunk_ids: list[str]
     document_ids: list[str]
     matrix: npt.NDArray[np.float32]
@@ -252,14 +270,12 @@ class SqliteStore:
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._index_lock = threading.Lock()
-        self._indexes: dict[str, _VectorIndex] = {}
-        self._generations: dict[str, int] = {}
+        self._indexes: VersionedCache[_VectorIndex] = VersionedCache()
         self._technique_indexes: list[TechniqueIndex] = []
         self._keyword_ready: set[str] = set()  # collections whose keyword tables are known to exist
         with self._write_lock:
             connection = self._connection()
-            connection.executescript(_SCHEMA)
+            connection.executescript(_SCHEMA + _VERSION_TRIGGERS)
             self._migrate(connection)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -571,41 +587,49 @@ class SqliteStore:
         return [by_id[chunk_id] for chunk_id in chunk_ids if chunk_id in by_id]
 
     # Search
+    def data_version(self, collection_id: str) -> int:
+        """The collection's data version: any process's write or delete of its documents moves it on."""
+        row = (
+            self._connection()
+            .execute("SELECT version FROM collection_versions WHERE collection_id = ?", (collection_id,))
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
+
     def _invalidate(self, collection_id: str) -> None:
-        with self._index_lock:
-            self._generations[collection_id] = self._generations.get(collection_id, 0) + 1
+        """After this process's own write: let go of the collection's matrix now (frees its memory early).
+
+        Freshness does not depend on this: the data version sends every process to reload.
+        """
+        self._indexes.discard(collection_id)
 
     def _vector_index(self, collection_id: str) -> _VectorIndex:
-        """The collection's matrix, loaded once and reloaded only after a write."""
-        with self._index_lock:
-            generation = self._generations.get(collection_id, 0)
-            index = self._indexes.get(collection_id)
-            if index is not None and index.generation == generation:
-                return index
-            rows = (
-                self._connection()
-                .execute(
-                    "SELECT chunk_id, document_id, embedding FROM chunks "
-                    "WHERE collection_id = ? ORDER BY rowid",
-                    (collection_id,),
-                )
-                .fetchall()
+        """The collection's matrix, loaded once per data version (one cheap query per call to check)."""
+        return self._indexes.get(
+            collection_id, self.data_version(collection_id), lambda: self._load_vectors(collection_id)
+        )
+
+    def _load_vectors(self, collection_id: str) -> _VectorIndex:
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT chunk_id, document_id, embedding FROM chunks WHERE collection_id = ? ORDER BY rowid",
+                (collection_id,),
             )
-            if rows:
-                matrix = np.frombuffer(b"".join(row["embedding"] for row in rows), dtype=np.float32)
-                matrix = matrix.reshape(len(rows), -1)
-            else:
-                matrix = np.zeros((0, 0), dtype=np.float32)
-            chunk_ids = [row["chunk_id"] for row in rows]
-            index = _VectorIndex(
-                generation,
-                chunk_ids,
-                [row["document_id"] for row in rows],
-                matrix,
-                {chunk_id: i for i, chunk_id in enumerate(chunk_ids)},
-            )
-            self._indexes[collection_id] = index
-            return index
+            .fetchall()
+        )
+        if rows:
+            matrix = np.frombuffer(b"".join(row["embedding"] for row in rows), dtype=np.float32)
+            matrix = matrix.reshape(len(rows), -1)
+        else:
+            matrix = np.zeros((0, 0), dtype=np.float32)
+        chunk_ids = [row["chunk_id"] for row in rows]
+        return _VectorIndex(
+            chunk_ids,
+            [row["document_id"] for row in rows],
+            matrix,
+            {chunk_id: i for i, chunk_id in enumerate(chunk_ids)},
+        )
 
     def vector_search(
         self,
@@ -849,9 +873,10 @@ class SqliteStore:
                       (SELECT COUNT(*) FROM documents) AS documents,
                       (SELECT COUNT(*) FROM chunks) AS chunks"""
         ).fetchone()
-        with self._index_lock:
-            loaded = {cid: len(index.chunk_ids) for cid, index in self._indexes.items()}
-            vector_bytes = sum(index.matrix.nbytes for index in self._indexes.values())
+        # The matrices already loaded; never waits for one being loaded.
+        indexes = self._indexes.snapshot()
+        loaded = {cid: len(index.chunk_ids) for cid, index in indexes.items()}
+        vector_bytes = sum(index.matrix.nbytes for index in indexes.values())
         return {
             "backend": self.backend_name,
             "path": str(self.path),
@@ -871,7 +896,8 @@ _CHUNK_SELECT = """
 _COLLECTION_SELECT = """
     SELECT c.*,
            (SELECT COUNT(*) FROM documents d WHERE d.collection_id = c.id) AS document_count,
-           (SELECT COUNT(*) FROM chunks k WHERE k.collection_id = c.id) AS chunk_count
+           (SELECT COUNT(*) FROM chunks k WHERE k.collection_id = c.id) AS chunk_count,
+           COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
     FROM collections c"""
 
 
@@ -893,6 +919,7 @@ def _collection(row: sqlite3.Row) -> CollectionInfo:
         chunk_count=row["chunk_count"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        version=row["version"],
     )
 
 

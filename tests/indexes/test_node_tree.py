@@ -180,7 +180,7 @@ def test_index_follows_ingest_replace_and_delete(service: RagService) -> None:
     assert index.indexed_documents(store.connection(), "docs") == 2
     collection = store.get_collection("docs")
     assert collection is not None
-    matrix = index.leaf_matrix(store.connection(), "docs", collection.updated_at)
+    matrix = index.leaf_matrix(store.connection(), "docs", collection.version)
     assert matrix.matrix.shape == (13, 384) and sorted(set(matrix.document_ids)) == ["md", "plain"]
     stored = index.document_trees(store.connection(), "docs", ["md"])["md"]
     assert shape(stored[0], MARKDOWN) == shape(build_tree(MARKDOWN, "Aspirin"), MARKDOWN)
@@ -191,7 +191,7 @@ def test_index_follows_ingest_replace_and_delete(service: RagService) -> None:
     assert _rows(store) == {"md": (19, 8), "plain": (4, 1)}, "replacing a document replaces its nodes"
     collection = store.get_collection("docs")
     assert collection is not None
-    refreshed = index.leaf_matrix(store.connection(), "docs", collection.updated_at)
+    refreshed = index.leaf_matrix(store.connection(), "docs", collection.version)
     assert refreshed is not matrix and refreshed.matrix.shape == (9, 384)
 
     assert store.delete_document("docs", "md")

@@ -1,5 +1,6 @@
 """rag_graphrag on a real store and model: a two-hop answer, every parameter, filters, explore."""
 
+import logging
 import math
 from typing import Any
 
@@ -7,11 +8,14 @@ import jsonschema
 import numpy as np
 import pytest
 
-from iris_rag.errors import InvalidParametersError
+from iris_rag.cancellation import CancelToken, cancellation_scope
+from iris_rag.errors import InvalidParametersError, RequestCancelledError
 from iris_rag.indexes.knowledge_graph import EntityRow, EntityTable
-from iris_rag.pipelines.graphrag import link_entities
+from iris_rag.models.embedder import Embedder
+from iris_rag.pipelines.graphrag import GraphRagPipeline, link_entities, query_phrases
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
+from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS
 
 # Metformin activates AMPK (document 1); AMPK shuts down mTORC1 through raptor (document 2). A question
@@ -155,7 +159,6 @@ def test_entity_threshold_decides_fuzzy_and_embedding_links(graph_service: RagSe
 def _table(names: list[tuple[str, str]], vectors: np.ndarray, aliases: dict[str, list[int]]) -> EntityTable:
     rows = [EntityRow(i + 1, key, name, "term", 1, 1) for i, (key, name) in enumerate(names)]
     return EntityTable(
-        version=1,
         documents=10,
         rows=rows,
         row_of_id={r.id: i for i, r in enumerate(rows)},
@@ -333,3 +336,102 @@ def test_served_tools(graph_service: RagService) -> None:
     names = {tool["name"] for tool in graph_service.describe()["tools"]}
     assert {"rag_graphrag", "rag_graph_explore"} <= names
     assert graph_service.tool_for("graph_explore", {}) == ("rag_graph_explore", None)
+
+
+class EncodeSpy:
+    """Records what the real embedder is asked to encode (it still encodes: a spy, not a double)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, embedder: Embedder) -> None:
+        self.texts: list[list[str]] = []
+        self.queries: list[str] = []
+        encode, encode_query = embedder.encode, embedder.encode_query
+
+        def spy_encode(texts: list[str], **kwargs: Any) -> Any:
+            self.texts.append(list(texts))
+            return encode(texts, **kwargs)
+
+        def spy_query(query: str) -> Any:
+            self.queries.append(query)
+            return encode_query(query)
+
+        monkeypatch.setattr(embedder, "encode", spy_encode)
+        monkeypatch.setattr(embedder, "encode_query", spy_query)
+
+
+def _cold(settings: Settings, embedder: Embedder) -> RagService:
+    """A new service on the same data folder: a freshly started worker, every cache empty."""
+    return RagService(settings, embedder=embedder)
+
+
+def _ranking(result: dict[str, Any]) -> list[tuple[str, float]]:
+    return [(d["id"], d["similarity_score"]) for d in result["retrieved_documents"]]
+
+
+def test_first_graph_call_after_ingest_encodes_only_the_query(
+    graph_service: RagService,
+    settings: Settings,
+    embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Entity names are embedded at ingest and stored with the graph; a cold query only loads them."""
+    spy = EncodeSpy(monkeypatch, embedder)
+    cold = _cold(settings, embedder)
+    try:
+        explored = cold.methods()["graph_explore"]({"collection_id": "docs", "entity": "metformin"})
+        assert explored["found"] and explored["neighbours"]
+        assert spy.texts == [] and spy.queries == []  # an exact name: nothing to encode
+        first = graphrag(cold, top_k=5)
+        phrases = query_phrases(QUESTION)
+        assert spy.texts == [[QUESTION, *phrases]]  # one call: the query and its phrases, no entity name
+    finally:
+        cold.close()
+
+    # The old path (names embedded by the first query) gives the same answer: a graph stored before the
+    # vectors were is still served, its names embedded once at query time with a warning to reindex.
+    connection = graph_service.store.connection()
+    connection.execute("UPDATE kg_entities SET embedding = NULL")
+    assert connection.execute("SELECT COUNT(*) FROM kg_entities").fetchone()[0] > 10
+    connection.execute("DELETE FROM embedding_cache")
+    spy.texts.clear()
+    legacy = _cold(settings, embedder)
+    try:
+        with caplog.at_level(logging.WARNING):
+            old = graphrag(legacy, top_k=5)
+        assert len(spy.texts) == 2 and len(spy.texts[0]) > 10  # every entity name, then the query
+        assert "iris-rag reindex" in caplog.text
+        assert [i for i, _ in _ranking(old)] == [i for i, _ in _ranking(first)]
+        for (_, a), (_, b) in zip(_ranking(old), _ranking(first), strict=True):
+            assert a == pytest.approx(b, abs=1e-5)
+        assert (
+            old["metadata"]["technique_specific"]["entity_context"]
+            == first["metadata"]["technique_specific"]["entity_context"]
+        )
+        # A reindex stores the vectors: the next cold start embeds no name again.
+        legacy.reindex("docs")
+    finally:
+        legacy.close()
+    assert connection.execute("SELECT COUNT(*) FROM kg_entities WHERE embedding IS NULL").fetchone()[0] == 0
+
+
+def test_a_cancelled_call_stops_at_the_walk(
+    graph_service: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while the graph is walked: the next hop does not start, the call ends REQUEST_CANCELLED."""
+    pipeline = graph_service.pipelines["graphrag"]
+    assert isinstance(pipeline, GraphRagPipeline)
+    token = CancelToken()
+    hops: list[int] = []
+    relations_of = pipeline.index.relations_of
+
+    def cancelling_relations_of(collection_id: str, entity_ids: Any) -> Any:
+        hops.append(1)
+        token.cancel("test")
+        return relations_of(collection_id, entity_ids)
+
+    monkeypatch.setattr(pipeline.index, "relations_of", cancelling_relations_of)
+    with cancellation_scope(token), pytest.raises(RequestCancelledError):
+        graphrag(graph_service, params={"max_hops": 3})
+    assert hops == [1]
+    with cancellation_scope(CancelToken()):
+        assert graphrag(graph_service, params={"max_hops": 3})["retrieved_documents"]

@@ -1,0 +1,63 @@
+"""Caches of a collection's derived state, keyed by the data version the database holds.
+
+Every process that opens the store keeps its own caches (vector matrix, NodeRAG leaves, graph entities,
+vocabularies, ColBERT IDF). They all follow one rule: a value is built for the collection's data version
+(DocumentStore.data_version, bumped by the database in every transaction that changes the collection's
+documents, whichever process commits it) and rebuilt on the first call that reads a newer version. The
+version is read BEFORE the build, so a value holds that version's data or newer, never older.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class VersionedCache(Generic[T]):
+    """One value per collection, built for a data version and rebuilt when the version moved on.
+
+    A build blocks only the callers that want the same collection; snapshot() never waits for a build
+    (health and stats read it while a large matrix loads).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[int, T]] = {}
+        self._builds: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()  # held only to read or swap entries, never during a build
+
+    def _fresh(self, collection_id: str, version: int) -> T | None:
+        with self._guard:
+            entry = self._entries.get(collection_id)
+        # An entry built for a newer version than asked holds newer data still: as good.
+        return entry[1] if entry is not None and entry[0] >= version else None
+
+    def get(self, collection_id: str, version: int, build: Callable[[], T]) -> T:
+        """The value for this version (or newer), built by `build` if there is none yet."""
+        value = self._fresh(collection_id, version)
+        if value is not None:
+            return value
+        with self._guard:
+            lock = self._builds.setdefault(collection_id, threading.Lock())
+        with lock:  # one build per collection at a time; the others wait for it and reuse it
+            value = self._fresh(collection_id, version)
+            if value is not None:
+                return value
+            value = build()
+            with self._guard:
+                current = self._entries.get(collection_id)
+                if current is None or current[0] <= version:
+                    self._entries[collection_id] = (version, value)
+            return value
+
+    def discard(self, collection_id: str) -> None:
+        """Forget the collection's value (the next get builds it again)."""
+        with self._guard:
+            self._entries.pop(collection_id, None)
+
+    def snapshot(self) -> dict[str, T]:
+        """The values held now, by collection (no waiting for builds in progress)."""
+        with self._guard:
+            return {collection_id: value for collection_id, (_, value) in self._entries.items()}
