@@ -265,12 +265,16 @@ class SqlRagPipeline(Pipeline):
         return report
 
     def _scope(self, collection_id: str, allowed_tables: tuple[str, ...] | None) -> list[TableInfo]:
-        """The tables a statement may read: allowed_tables, else the collection's own and shared ones."""
+        """The tables a statement may read: the collection's own and shared ones, narrowed by allowed_tables.
+
+        allowed_tables only narrows: a table of another collection is refused like one that does not
+        exist, so no call reads another collection's rows.
+        """
         connection = self.context.store.connection()
         ensure_view(connection, collection_id)
-        tables = list_tables(connection)
+        tables = [t for t in list_tables(connection) if t.collection_id in (None, collection_id)]
         if allowed_tables is None:
-            return [t for t in tables if t.collection_id in (None, collection_id)]
+            return tables
         by_name = {t.name: t for t in tables}
         chosen: dict[str, TableInfo] = {}
         unknown = []
@@ -282,8 +286,11 @@ class SqlRagPipeline(Pipeline):
             else:
                 chosen[info.name] = info
         if unknown:
-            msg = f"allowed_tables names tables that are not registered: {', '.join(unknown)}"
-            raise InvalidParametersError(msg, {"unknown": unknown, "registered": sorted(by_name)})
+            msg = (
+                f"allowed_tables names tables that collection {collection_id!r} cannot read (not its own, "
+                f"not shared, or not registered): {', '.join(unknown)}"
+            )
+            raise InvalidParametersError(msg, {"unknown": unknown, "queryable": sorted(by_name)})
         return list(chosen.values())
 
     def _execute(self, sql: str, scope: list[TableInfo], params: SqlParams) -> tuple[CheckedSql, SqlResult]:
