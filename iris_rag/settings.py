@@ -51,6 +51,9 @@ class Settings(BaseSettings):
         description="Comma-separated techniques to serve, or all; only these build ingest-time indexes.",
     )
 
+    # SQLRAG: statements running at once; more wait (up to their time limit) for a free slot.
+    sql_max_concurrent: int = Field(2, ge=1, le=64, validation_alias="SQL_MAX_CONCURRENT")
+
     # Worker
     worker_threads: int = Field(4, ge=1, le=64, validation_alias="WORKER_THREADS")
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")

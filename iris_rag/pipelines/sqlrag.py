@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import (
     CollectionNotFoundError,
     InvalidParametersError,
@@ -35,6 +36,7 @@ from iris_rag.structured.safety import (
     MAX_SQL_CHARS,
     CheckedSql,
     Complexity,
+    SqlGate,
     SqlResult,
     check_sql,
     execute_readonly,
@@ -177,6 +179,7 @@ class SqlRagPipeline(Pipeline):
         super().__init__(*args, **kwargs)
         self._views = DocumentViews()
         settings = self.context.settings
+        self._gate = SqlGate(settings.sql_max_concurrent)
         self._writer = SqlWriter(settings) if settings.llm_provider == "openai" else None
 
     def technique_index(self) -> TechniqueIndex:
@@ -295,6 +298,7 @@ class SqlRagPipeline(Pipeline):
 
     def _execute(self, sql: str, scope: list[TableInfo], params: SqlParams) -> tuple[CheckedSql, SqlResult]:
         """Check the statement against the scope and run it read-only."""
+        check_cancelled()
         connection = self.context.store.connection()
         existing = [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]
         registered = [t.name for t in list_tables(connection)]
@@ -313,6 +317,7 @@ class SqlRagPipeline(Pipeline):
             views=[t.name for t in scope if t.kind == "documents_view"],
             allow_recursive=COMPLEXITY[params.max_sql_complexity].recursive,
             timeout_ms=params.timeout_ms,
+            gate=self._gate,
         )
         return checked, result
 
@@ -343,6 +348,7 @@ class SqlRagPipeline(Pipeline):
         rejected: list[dict[str, Any]] = []
         last: SqlRejectedError | None = None
         for _ in range(GENERATION_ATTEMPTS):
+            check_cancelled()
             try:
                 sql = self._writer.write(query, schema, params.max_sql_complexity, rejected)
             except Exception as exc:
