@@ -28,6 +28,7 @@ from iris_rag.errors import (
 from iris_rag.indexes.base import TechniqueIndex
 from iris_rag.models.generators import ExtractiveGenerator, Generation, Passage
 from iris_rag.pipelines.base import Pipeline, QueryOptions, Retrieval, RetrievedDocument
+from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, StoredChunk
 from iris_rag.stores.filters import parse_filters
@@ -112,6 +113,7 @@ class SqlWriter:
         from openai import OpenAI
 
         self.model = settings.llm_model
+        self.secrets = settings.llm_secrets
         api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
         self._client = OpenAI(
             api_key=api_key,
@@ -352,9 +354,10 @@ class SqlRagPipeline(Pipeline):
             try:
                 sql = self._writer.write(query, schema, params.max_sql_complexity, rejected)
             except Exception as exc:
+                why = redact(f"{type(exc).__name__}: {exc}", self._writer.secrets)
                 msg = (
-                    f"technique_params.sql is required: the LLM failed to write it ({type(exc).__name__}: "
-                    f"{exc}). Write one SQLite SELECT over the tables in error.details.schema"
+                    f"technique_params.sql is required: the LLM failed to write it ({why}). "
+                    "Write one SQLite SELECT over the tables in error.details.schema"
                 )
                 raise InvalidParametersError(msg, self._schema_details(scope, "llm_failed")) from exc
             try:

@@ -12,7 +12,7 @@ from typing import Any
 
 
 class FakeOpenAIServer:
-    """Answers /v1/chat/completions with a canned reply (or a status code), recording every request."""
+    """Answers POST /v1/chat/completions and GET /v1/models (or with a status code), recording requests."""
 
     def __init__(self, reply: str = "Aspirin lowers heart-attack risk [1].", status: int = 200) -> None:
         self.reply = reply
@@ -43,6 +43,22 @@ class FakeOpenAIServer:
                         ],
                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                     }
+                data = json.dumps(payload).encode()
+                self.send_response(fake.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                fake.requests.append(
+                    {"path": self.path, "body": None, "auth": self.headers.get("Authorization")}
+                )
+                models = {
+                    "object": "list",
+                    "data": [{"id": "fake-model", "object": "model", "owned_by": "fake"}],
+                }
+                payload = models if fake.status == 200 else {"error": {"message": "fake failure"}}
                 data = json.dumps(payload).encode()
                 self.send_response(fake.status)
                 self.send_header("Content-Type", "application/json")
