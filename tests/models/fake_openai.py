@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,6 +19,8 @@ class FakeOpenAIServer:
         self.reply = reply
         self.status = status
         self.requests: list[dict[str, Any]] = []
+        # Called with each chat request as it arrives (a test cancels its request here).
+        self.on_request: Callable[[dict[str, Any]], None] | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -26,6 +29,8 @@ class FakeOpenAIServer:
                 fake.requests.append(
                     {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
                 )
+                if fake.on_request is not None:
+                    fake.on_request(body)
                 if fake.status != 200:
                     payload: dict[str, Any] = {"error": {"message": "fake failure", "type": "server_error"}}
                 else:
