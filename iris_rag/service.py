@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from iris_rag import __version__
@@ -14,6 +15,7 @@ from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.models.embedder import Embedder
 from iris_rag.models.generators import create_generator
+from iris_rag.models.llm_health import LlmProbe
 from iris_rag.monitor import Monitor
 from iris_rag.pipelines.base import PipelineContext, TechniqueRequest
 from iris_rag.pipelines.registry import PIPELINES
@@ -278,11 +280,14 @@ class RagService:
         info["dimension"] = embedder.dimension
         return "healthy", None, info
 
+    @cached_property
+    def _llm_probe(self) -> LlmProbe:
+        return LlmProbe(self.settings)
+
     def _check_llm(self) -> tuple[str, str | None, dict[str, Any]]:
-        info: dict[str, Any] = {"provider": self.settings.llm_provider, "model": self.generator.model_name}
-        if self.settings.llm_provider == "openai":
-            info["base_url"] = self.settings.llm_base_url or "https://api.openai.com/v1"
-        return "healthy", None, info
+        """The LLM server, probed (cached briefly); healthy without a probe when none is configured."""
+        verdict = self._llm_probe.check()
+        return verdict.status, verdict.error, verdict.details
 
     def _check_vector_store(self) -> tuple[str, str | None, dict[str, Any]]:
         return "healthy", None, self.store.stats()

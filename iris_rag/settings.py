@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -51,6 +52,9 @@ class Settings(BaseSettings):
         description="Comma-separated techniques to serve, or all; only these build ingest-time indexes.",
     )
 
+    # SQLRAG: statements running at once; more wait (up to their time limit) for a free slot.
+    sql_max_concurrent: int = Field(2, ge=1, le=64, validation_alias="SQL_MAX_CONCURRENT")
+
     # Worker
     worker_threads: int = Field(4, ge=1, le=64, validation_alias="WORKER_THREADS")
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
@@ -72,6 +76,21 @@ class Settings(BaseSettings):
         """The techniques RAG_TECHNIQUES names, or None for all of them."""
         names = [name.strip() for name in self.techniques.split(",") if name.strip()]
         return None if not names or "all" in names else names
+
+    @property
+    def llm_secrets(self) -> list[str]:
+        """Credentials to redact: LLM_API_KEY; LLM_BASE_URL's user, password and key/token parameters."""
+        secrets = [self.llm_api_key.get_secret_value()] if self.llm_api_key else []
+        if self.llm_base_url:
+            parts = urlsplit(self.llm_base_url)
+            secrets += [value for value in (parts.username, parts.password) if value]
+            secrets += [
+                value
+                for name, value in parse_qsl(parts.query)
+                if value
+                and any(word in name.lower() for word in ("key", "token", "secret", "password", "auth"))
+            ]
+        return secrets
 
     @property
     def generator_name(self) -> str:

@@ -1,5 +1,8 @@
 """Ingestion and the collection tools through the service (what the worker calls)."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from iris_rag.errors import DocumentNotFoundError
@@ -7,6 +10,7 @@ from iris_rag.models.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS, ask
+from tests.models.fake_openai import FakeOpenAIServer
 
 
 def test_one_bad_document_does_not_stop_the_others(service: RagService) -> None:
@@ -99,3 +103,45 @@ def test_rag_techniques_limits_tools_and_ingest_indexes(settings: Settings, embe
         narrow.close()
     with pytest.raises(ValueError, match="unknown techniques \\['colbret'\\]"):
         RagService(settings.model_copy(update={"techniques": "basic,colbret"}), embedder=embedder)
+
+
+def test_llm_health_is_probed_cached_and_redacted(tmp_path: Path, embedder: Embedder) -> None:
+    """Issue 11, defect 13: llm_service follows the LLM server (up, erroring, down), probed once per 30 s."""
+    fake = FakeOpenAIServer()
+    base_url = fake.base_url.replace("http://", "http://alice:s3cret-pass@")
+    settings = Settings(
+        RAG_DATA_DIR=tmp_path, LLM_PROVIDER="openai", LLM_BASE_URL=base_url, LLM_API_KEY="sk-health-key"
+    )
+    service = RagService(settings, embedder=embedder)
+    try:
+        llm = service.health_check({"include_details": True})["components"]["llm_service"]
+        assert llm["status"] == "healthy" and llm["details"]["probed"] is True
+        assert llm["details"]["http_status"] == 200
+        service.health_check({})
+        probes = [r for r in fake.requests if r["path"] == "/v1/models"]
+        assert len(probes) == 1, "a second health check within the cache time probed again"
+
+        fake.status = 503
+        service._llm_probe.cache_s = 0  # the next check probes again (instead of waiting 30 s)
+        erroring = service.health_check({"include_details": True})
+        assert erroring["components"]["llm_service"]["status"] == "degraded"
+        assert "HTTP 503" in erroring["components"]["llm_service"]["error_message"]
+        assert erroring["status"] == "degraded"
+
+        fake.close()
+        down = service.health_check({"include_details": True})
+        component = down["components"]["llm_service"]
+        assert component["status"] == "unhealthy" and down["status"] == "unhealthy"
+        assert "unreachable" in component["error_message"]
+        text = json.dumps(down)
+        assert "s3cret-pass" not in text and "alice" not in text and "sk-health-key" not in text
+        assert "***@127.0.0.1" in component["details"]["base_url"]
+    finally:
+        service.close()
+        fake.close()
+
+
+def test_llm_health_without_an_llm_is_healthy_and_probes_nothing(service: RagService) -> None:
+    llm = service.health_check({"include_details": True})["components"]["llm_service"]
+    assert llm["status"] == "healthy" and llm["details"]["probed"] is False
+    assert llm["error_message"] is None

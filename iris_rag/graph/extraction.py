@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rapidfuzz import fuzz
 
 from iris_rag.ingestion.chunking import split_sentences
+from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 
 TextField = Literal["title", "content"]
@@ -704,6 +705,7 @@ class ChatClient:
         from openai import OpenAI
 
         self.model_name = settings.llm_model
+        self._secrets = settings.llm_secrets
         api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
         self._client = OpenAI(
             api_key=api_key,
@@ -723,7 +725,7 @@ class ChatClient:
             )
         except Exception as exc:
             msg = f"the LLM at {self._client.base_url} failed: {type(exc).__name__}: {exc}"
-            raise ExtractionFailedError(msg) from exc
+            raise ExtractionFailedError(redact(msg, self._secrets)) from exc
         if not completion.choices or not completion.choices[0].message.content:
             msg = "the LLM returned no text"
             raise ExtractionFailedError(msg)

@@ -11,6 +11,7 @@ from typing import Literal, Protocol
 
 from iris_rag.errors import GenerationFailedError
 from iris_rag.ingestion.chunking import split_sentences
+from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -184,6 +185,7 @@ class OpenAIGenerator:
         from openai import OpenAI
 
         self.model_name = settings.llm_model
+        self._secrets = settings.llm_secrets
         api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
         self._client = OpenAI(
             api_key=api_key,
@@ -207,7 +209,7 @@ class OpenAIGenerator:
             )
         except Exception as exc:
             msg = f"the LLM at {self._client.base_url} failed: {type(exc).__name__}: {exc}"
-            raise GenerationFailedError(msg) from exc
+            raise GenerationFailedError(redact(msg, self._secrets)) from exc
         if not completion.choices or completion.choices[0].message.content is None:
             msg = "the LLM returned no answer text"
             raise GenerationFailedError(msg)

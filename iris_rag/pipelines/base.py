@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import (
     CollectionNotFoundError,
     EmbeddingMismatchError,
@@ -18,6 +19,7 @@ from iris_rag.errors import (
     IndexNotBuiltError,
     InvalidParametersError,
     RagError,
+    RequestCancelledError,
     RetrievalFailedError,
 )
 from iris_rag.indexes.base import TechniqueIndex
@@ -172,6 +174,7 @@ class Pipeline(ABC):
         options = request.options
         metadata_filter = parse_filters(options.filters)
 
+        check_cancelled()
         try:
             retrieval = self.retrieve(request.query, collection, options, params)
         except RagError:
@@ -189,8 +192,11 @@ class Pipeline(ABC):
         generation: Generation | None = None
         error: RagError | None = None
         if options.generate:
+            check_cancelled()  # between retrieval and the (possibly slow) generation
             try:
                 generation = self.generate(request.query, documents, options)
+            except RequestCancelledError:
+                raise
             except RagError as exc:
                 error = exc
             except Exception as exc:

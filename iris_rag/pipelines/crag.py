@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.ingestion.ingestor import embedding_text
@@ -430,6 +431,7 @@ class CragPipeline(Pipeline):
         metadata_filter = parse_filters(options.filters)
         pool = max(options.top_k, CANDIDATE_POOL)
         first = self.first_pass(query, collection, metadata_filter, pool)
+        check_cancelled()
         verdict = self.verdict(first.assessment.confidence, params)
         specific: dict[str, Any] = {
             "evaluator": {"features": first.assessment.report(), "model": EVALUATOR_MODEL},
@@ -477,6 +479,7 @@ class CragPipeline(Pipeline):
         else:
             correction = self._rewrite(query, collection, first, verdict, metadata_filter, pool)
         report: dict[str, Any] = {"action": params.correction_strategy, **correction.report}
+        check_cancelled()
         report["web_search"] = self._web_search(web, correction, first, options, params)
         fused = fuse_legs(correction.legs, correction.candidates)
         documents = [RetrievedDocument(c.chunk, c.cosine, c.details) for c in fused[: options.top_k]]
@@ -739,6 +742,7 @@ class CragPipeline(Pipeline):
         unique = list(dict.fromkeys(text for texts in strips.values() for text in texts))
         relevance: dict[str, float] = {}
         if unique:
+            check_cancelled()
             scores = self.context.embedder.encode(unique) @ vector
             relevance = dict(zip(unique, (float(s) for s in scores), strict=True))
         kept_total = total = 0

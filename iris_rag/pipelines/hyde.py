@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.pipelines.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.pipelines.llm_helper import TechniqueLLM, strip_label
@@ -173,6 +174,7 @@ class HydePipeline(Pipeline):
         )
         if produced.error:
             report["llm_error"] = produced.error
+        check_cancelled()
         text = self.cut(produced.text, params.hypothesis_length)
         vector, segments = self.embed_long(text)
         return Hypothesis(text, produced.source, self.count_tokens(text), segments, vector, report)
@@ -201,12 +203,14 @@ class HydePipeline(Pipeline):
         if not sentences:
             report["prf_sentences_used"] = 0
             return "", report
+        check_cancelled()
         similarity = self.context.embedder.encode(sentences) @ query_vector
+        counts = self.token_counts(sentences)
         chosen: list[str] = []
         used = 0
         for index in np.argsort(-similarity, kind="stable"):
             sentence = sentences[int(index)]
-            tokens = self.count_tokens(sentence)
+            tokens = counts[int(index)]
             if chosen and used + tokens > length:
                 continue
             chosen.append(sentence)
@@ -218,26 +222,42 @@ class HydePipeline(Pipeline):
 
     def count_tokens(self, text: str) -> int:
         """Word pieces of the embedding model's tokenizer (what "tokens" means for hypothesis_length)."""
-        return len(self.context.embedder.tokenizer.tokenize(text))
+        return self.token_counts([text])[0]
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """Word pieces per text, counted on the encode thread in one task.
+
+        The fast tokenizer is shared with the encoder and is not thread-safe: tokenize() on a request
+        thread resets the padding the encode thread has just set for a batch, which then fails with
+        "Unable to create tensor" (issue 11, defect 9). So it is only ever used on the encode thread.
+        """
+        if not texts:
+            return []
+        task = self.context.embedder.run_with_model(
+            lambda model: [len(model.tokenizer.tokenize(text)) for text in texts], single=True
+        )
+        return task.result()
 
     def cut(self, text: str, length: int) -> str:
         """The text cut to at most `length` tokens: whole sentences (the first cut if it alone is longer)."""
+        sentences = [sentence.text for sentence in split_sentences(text)]
         kept: list[str] = []
         used = 0
-        for sentence in split_sentences(text):
-            tokens = self.count_tokens(sentence.text)
+        for sentence, tokens in zip(sentences, self.token_counts(sentences), strict=True):
             if used + tokens > length:
                 if not kept:
-                    kept.append(self._truncate(sentence.text, length))
+                    kept.append(self._truncate(sentence, length))
                 break
-            kept.append(sentence.text)
+            kept.append(sentence)
             used += tokens
         return " ".join(kept)
 
     def _truncate(self, text: str, length: int) -> str:
-        tokenizer = self.context.embedder.tokenizer
-        pieces = tokenizer.tokenize(text)[:length]
-        return str(tokenizer.convert_tokens_to_string(pieces))
+        def truncate(model: Any) -> str:
+            pieces = model.tokenizer.tokenize(text)[:length]
+            return str(model.tokenizer.convert_tokens_to_string(pieces))
+
+        return self.context.embedder.run_with_model(truncate, single=True).result()
 
     def embed_long(self, text: str) -> tuple[Vector, int]:
         """A unit vector for any length: sentence-aligned segments of SEGMENT_TOKENS, averaged by length."""
@@ -246,12 +266,12 @@ class HydePipeline(Pipeline):
         segments: list[tuple[str, int]] = []
         current: list[str] = []
         used = 0
-        for sentence in split_sentences(text):
-            tokens = self.count_tokens(sentence.text)
+        sentences = [sentence.text for sentence in split_sentences(text)]
+        for sentence, tokens in zip(sentences, self.token_counts(sentences), strict=True):
             if current and used + tokens > SEGMENT_TOKENS:
                 segments.append((" ".join(current), used))
                 current, used = [], 0
-            current.append(sentence.text)
+            current.append(sentence)
             used += tokens
         if current:
             segments.append((" ".join(current), used))

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from iris_rag.cancellation import check_cancelled
+from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class TechniqueLLM:
     def __init__(self, settings: Settings) -> None:
         self.model_name: str | None = None
         self._client: Any = None
+        self._secrets = settings.llm_secrets
         if settings.llm_provider == "openai":
             from openai import OpenAI
 
@@ -85,16 +88,19 @@ class TechniqueLLM:
     ) -> Produced:
         """The LLM's text (cleaned) when one is configured and answers; otherwise the fallback's."""
         error: str | None = None
+        check_cancelled()  # an LLM call can take seconds: not for a request that is already cancelled
         if self.available:
             try:
                 text = clean(self.complete(system, user, max_tokens=max_tokens))
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error = redact(f"{type(exc).__name__}: {exc}", self._secrets)
                 logger.warning("technique LLM call failed, using the %s fallback: %s", fallback_name, error)
             else:
+                check_cancelled()
                 if text:
                     return Produced(text, "llm")
                 error = "the LLM's reply was empty after cleaning"
+            check_cancelled()
         return Produced(fallback(), fallback_name, error)
 
 

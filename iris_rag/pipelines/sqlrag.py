@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import (
     CollectionNotFoundError,
     InvalidParametersError,
@@ -27,6 +28,7 @@ from iris_rag.errors import (
 from iris_rag.indexes.base import TechniqueIndex
 from iris_rag.models.generators import ExtractiveGenerator, Generation, Passage
 from iris_rag.pipelines.base import Pipeline, QueryOptions, Retrieval, RetrievedDocument
+from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, StoredChunk
 from iris_rag.stores.filters import parse_filters
@@ -35,6 +37,7 @@ from iris_rag.structured.safety import (
     MAX_SQL_CHARS,
     CheckedSql,
     Complexity,
+    SqlGate,
     SqlResult,
     check_sql,
     execute_readonly,
@@ -110,6 +113,7 @@ class SqlWriter:
         from openai import OpenAI
 
         self.model = settings.llm_model
+        self.secrets = settings.llm_secrets
         api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
         self._client = OpenAI(
             api_key=api_key,
@@ -177,6 +181,7 @@ class SqlRagPipeline(Pipeline):
         super().__init__(*args, **kwargs)
         self._views = DocumentViews()
         settings = self.context.settings
+        self._gate = SqlGate(settings.sql_max_concurrent)
         self._writer = SqlWriter(settings) if settings.llm_provider == "openai" else None
 
     def technique_index(self) -> TechniqueIndex:
@@ -265,12 +270,16 @@ class SqlRagPipeline(Pipeline):
         return report
 
     def _scope(self, collection_id: str, allowed_tables: tuple[str, ...] | None) -> list[TableInfo]:
-        """The tables a statement may read: allowed_tables, else the collection's own and shared ones."""
+        """The tables a statement may read: the collection's own and shared ones, narrowed by allowed_tables.
+
+        allowed_tables only narrows: a table of another collection is refused like one that does not
+        exist, so no call reads another collection's rows.
+        """
         connection = self.context.store.connection()
         ensure_view(connection, collection_id)
-        tables = list_tables(connection)
+        tables = [t for t in list_tables(connection) if t.collection_id in (None, collection_id)]
         if allowed_tables is None:
-            return [t for t in tables if t.collection_id in (None, collection_id)]
+            return tables
         by_name = {t.name: t for t in tables}
         chosen: dict[str, TableInfo] = {}
         unknown = []
@@ -282,12 +291,16 @@ class SqlRagPipeline(Pipeline):
             else:
                 chosen[info.name] = info
         if unknown:
-            msg = f"allowed_tables names tables that are not registered: {', '.join(unknown)}"
-            raise InvalidParametersError(msg, {"unknown": unknown, "registered": sorted(by_name)})
+            msg = (
+                f"allowed_tables names tables that collection {collection_id!r} cannot read (not its own, "
+                f"not shared, or not registered): {', '.join(unknown)}"
+            )
+            raise InvalidParametersError(msg, {"unknown": unknown, "queryable": sorted(by_name)})
         return list(chosen.values())
 
     def _execute(self, sql: str, scope: list[TableInfo], params: SqlParams) -> tuple[CheckedSql, SqlResult]:
         """Check the statement against the scope and run it read-only."""
+        check_cancelled()
         connection = self.context.store.connection()
         existing = [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]
         registered = [t.name for t in list_tables(connection)]
@@ -306,6 +319,7 @@ class SqlRagPipeline(Pipeline):
             views=[t.name for t in scope if t.kind == "documents_view"],
             allow_recursive=COMPLEXITY[params.max_sql_complexity].recursive,
             timeout_ms=params.timeout_ms,
+            gate=self._gate,
         )
         return checked, result
 
@@ -336,12 +350,14 @@ class SqlRagPipeline(Pipeline):
         rejected: list[dict[str, Any]] = []
         last: SqlRejectedError | None = None
         for _ in range(GENERATION_ATTEMPTS):
+            check_cancelled()
             try:
                 sql = self._writer.write(query, schema, params.max_sql_complexity, rejected)
             except Exception as exc:
+                why = redact(f"{type(exc).__name__}: {exc}", self._writer.secrets)
                 msg = (
-                    f"technique_params.sql is required: the LLM failed to write it ({type(exc).__name__}: "
-                    f"{exc}). Write one SQLite SELECT over the tables in error.details.schema"
+                    f"technique_params.sql is required: the LLM failed to write it ({why}). "
+                    "Write one SQLite SELECT over the tables in error.details.schema"
                 )
                 raise InvalidParametersError(msg, self._schema_details(scope, "llm_failed")) from exc
             try:

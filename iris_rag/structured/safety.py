@@ -9,12 +9,17 @@ Two independent layers, so that a gap in one is caught by the other:
 2. execute_readonly() runs it on a connection opened read-only (mode=ro, PRAGMA query_only) with an
    authorizer that denies every action except SELECT, reads of the allowed tables and calls of known
    pure functions, with SQLite's own limits lowered (value size, LIKE pattern length, no ATTACH) and a
-   progress handler that stops it past its time limit.
+   progress handler that stops it past its time limit. It runs on its own thread under a watchdog: a
+   built-in function that loops in C (instr or replace over megabyte strings) never reaches the progress
+   handler, so the caller is answered at the time limit whatever the statement does, and a gate caps how
+   many statements run at once, so runaways cannot take every core from other calls.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
+import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -26,6 +31,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import SqlRejectedError
 
 Complexity = Literal["simple", "moderate", "complex"]
@@ -35,6 +41,12 @@ MAX_PATTERN_CHARS = 1_000
 MAX_VALUE_BYTES = 1_000_000
 # VM instructions between two looks at the clock.
 _PROGRESS_STEP = 1_000
+# How often the caller looks at the statement's thread (its cancel token, its time limit).
+_WATCH_INTERVAL_S = 0.05
+# Statements that may run at once per process (SqlGate's default).
+DEFAULT_CONCURRENT_STATEMENTS = 2
+# A printf/format field: %[flags][width][.precision]type, or "%%".
+_FORMAT_FIELD = re.compile(r"%%|%[-+ #0,!]*(\*|\d+)?(?:\.(\*|\d+))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +317,28 @@ def _check_function(node: exp.Func) -> None:
         reject("REGEXP is not available; use LIKE, GLOB or instr()")
     if isinstance(node, exp.Anonymous) and name not in SAFE_FUNCTIONS:
         reject(f"function {name}() is not available; allowed: {', '.join(sorted(SAFE_FUNCTIONS))}")
+    if name in ("printf", "format"):
+        _check_format(node)
+
+
+def _check_format(node: exp.Func) -> None:
+    """printf/format: a literal format whose widths and precisions are literal and bounded.
+
+    SQLite repeats a padded or '%.Nc' field in a C loop that neither the progress handler nor the value
+    limit interrupts (3.40 keeps looping after the value outgrew SQLITE_LIMIT_LENGTH): printf('%.*c',
+    900000000, 'x') ran for 14-21 s against a 2 s limit. So '*' and sizes past the value limit are refused.
+    """
+    fmt = node.this if isinstance(node, exp.Format) else next(iter(node.expressions), None)
+    if not (isinstance(fmt, exp.Literal) and fmt.is_string):
+        reject(f"{_function_name(node)}() needs a literal format string")
+    for width, precision in _FORMAT_FIELD.findall(str(fmt.this)):
+        if "*" in (width, precision):
+            reject(f"{_function_name(node)}(): '*' widths and precisions are not allowed; write the number")
+        if max(int(width or 0), int(precision or 0)) > MAX_VALUE_BYTES:
+            reject(
+                f"{_function_name(node)}(): a width or precision past {MAX_VALUE_BYTES} "
+                "(the largest value a statement may build)"
+            )
 
 
 def _check_complexity(counts: dict[str, Any], complexity: Complexity) -> None:
@@ -362,6 +396,47 @@ def readonly_connection(database: Path) -> sqlite3.Connection:
     return connection
 
 
+class SqlGate:
+    """At most `limit` statements run at once; one that waits for a slot past its time limit is refused.
+
+    A slot is held until the statement's thread really ends, also after the caller was answered at the
+    time limit: that is what bounds the cores runaway statements can take from the rest of the worker.
+    """
+
+    def __init__(self, limit: int = DEFAULT_CONCURRENT_STATEMENTS) -> None:
+        self.limit = limit
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def acquire(self, timeout_s: float) -> None:
+        """Take a slot, waiting at most timeout_s (cancellable); SQL_REJECTED if none frees up."""
+        deadline = time.monotonic() + timeout_s
+        while not self._slots.acquire(timeout=min(_WATCH_INTERVAL_S, max(deadline - time.monotonic(), 0))):
+            check_cancelled()
+            if time.monotonic() >= deadline:
+                reject(
+                    f"{self.limit} SQL statements are already running (SQL_MAX_CONCURRENT) and none "
+                    f"finished within {round(timeout_s * 1000)} ms; try again shortly",
+                    "execution",
+                )
+
+    def release(self) -> None:
+        """Give the slot back (from the statement's own thread, when it ends)."""
+        self._slots.release()
+
+
+_DEFAULT_GATE = SqlGate()
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What the statement's thread hands back to the caller."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    columns: list[str] = field(default_factory=list)
+    fetched: list[Any] = field(default_factory=list)
+    error: sqlite3.Error | None = None
+
+
 def execute_readonly(
     database: Path,
     checked: CheckedSql,
@@ -370,8 +445,9 @@ def execute_readonly(
     views: Collection[str],
     allow_recursive: bool,
     timeout_ms: int,
+    gate: SqlGate | None = None,
 ) -> SqlResult:
-    """Run a checked statement read-only under the authorizer and the time limit."""
+    """Run a checked statement read-only under the authorizer, the gate and the time limit."""
     allowed_names = {name.lower() for name in allowed} | set(checked.ctes)
     view_names = {name.lower() for name in views}
     denied: list[str] = []
@@ -397,29 +473,60 @@ def execute_readonly(
         denied.append(_action_name(action, first, second))
         return sqlite3.SQLITE_DENY
 
+    gate = gate or _DEFAULT_GATE
+    limit_s = timeout_ms / 1000
+    gate.acquire(limit_s)
     started = time.monotonic()
-    deadline = started + timeout_ms / 1000
+    deadline = started + limit_s
     timed_out = False
 
     def progress() -> int:
         nonlocal timed_out
-        timed_out = time.monotonic() > deadline
+        timed_out = timed_out or time.monotonic() > deadline
         return int(timed_out)
 
-    connection = readonly_connection(database)
     try:
-        connection.set_authorizer(authorizer)
-        connection.set_progress_handler(progress, _PROGRESS_STEP)
-        cursor = connection.execute(checked.executed_sql)
-        columns = [d[0] for d in cursor.description or ()]
-        fetched = cursor.fetchmany(checked.fetch_limit)
-    except sqlite3.Error as exc:
-        reject(_execution_reason(exc, denied, timed_out, timeout_ms), "execution")
-    finally:
-        connection.close()
+        connection = readonly_connection(database)
+    except BaseException:
+        gate.release()
+        raise
+    outcome = _Outcome()
+
+    def run() -> None:
+        try:
+            connection.set_authorizer(authorizer)
+            connection.set_progress_handler(progress, _PROGRESS_STEP)
+            cursor = connection.execute(checked.executed_sql)
+            outcome.columns = [d[0] for d in cursor.description or ()]
+            outcome.fetched = cursor.fetchmany(checked.fetch_limit)
+        except sqlite3.Error as exc:
+            outcome.error = exc
+        finally:
+            connection.close()
+            gate.release()
+            outcome.done.set()
+
+    threading.Thread(target=run, name="sql-statement", daemon=True).start()
+    while not outcome.done.wait(_WATCH_INTERVAL_S):
+        try:
+            check_cancelled()
+        except BaseException:
+            connection.interrupt()
+            raise
+        if time.monotonic() > deadline + _WATCH_INTERVAL_S:
+            # Stuck inside one C function: answer now; the thread ends (and frees its slot) on its own.
+            timed_out = True
+            connection.interrupt()
+            reject(
+                _execution_reason(sqlite3.OperationalError("interrupted"), [], True, timeout_ms), "execution"
+            )
+    if outcome.error is not None:
+        reject(_execution_reason(outcome.error, denied, timed_out, timeout_ms), "execution")
     elapsed = (time.monotonic() - started) * 1000
-    rows = [[_cell(v) for v in row] for row in fetched[: checked.row_limit]]
-    return SqlResult(columns, rows, len(fetched) > checked.row_limit, round(elapsed, 3), denied)
+    rows = [[_cell(v) for v in row] for row in outcome.fetched[: checked.row_limit]]
+    return SqlResult(
+        outcome.columns, rows, len(outcome.fetched) > checked.row_limit, round(elapsed, 3), denied
+    )
 
 
 _ACTIONS = {

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
 class FakeOpenAIServer:
-    """Answers /v1/chat/completions with a canned reply (or a status code), recording every request."""
+    """Answers POST /v1/chat/completions and GET /v1/models (or with a status code), recording requests."""
 
     def __init__(self, reply: str = "Aspirin lowers heart-attack risk [1].", status: int = 200) -> None:
         self.reply = reply
         self.status = status
         self.requests: list[dict[str, Any]] = []
+        # Called with each chat request as it arrives (a test cancels its request here).
+        self.on_request: Callable[[dict[str, Any]], None] | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -26,6 +29,8 @@ class FakeOpenAIServer:
                 fake.requests.append(
                     {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
                 )
+                if fake.on_request is not None:
+                    fake.on_request(body)
                 if fake.status != 200:
                     payload: dict[str, Any] = {"error": {"message": "fake failure", "type": "server_error"}}
                 else:
@@ -43,6 +48,22 @@ class FakeOpenAIServer:
                         ],
                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                     }
+                data = json.dumps(payload).encode()
+                self.send_response(fake.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                fake.requests.append(
+                    {"path": self.path, "body": None, "auth": self.headers.get("Authorization")}
+                )
+                models = {
+                    "object": "list",
+                    "data": [{"id": "fake-model", "object": "model", "owned_by": "fake"}],
+                }
+                payload = models if fake.status == 200 else {"error": {"message": "fake failure"}}
                 data = json.dumps(payload).encode()
                 self.send_response(fake.status)
                 self.send_header("Content-Type", "application/json")

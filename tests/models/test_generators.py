@@ -1,3 +1,4 @@
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -6,6 +7,7 @@ import pytest
 from iris_rag.errors import GenerationFailedError
 from iris_rag.models.embedder import Embedder
 from iris_rag.models.generators import NOTHING_FOUND, ExtractiveGenerator, OpenAIGenerator, Passage
+from iris_rag.redaction import redact
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS, ask
@@ -98,3 +100,67 @@ def test_llm_failure_is_generation_failed_with_documents(
     assert partial["error"]["code"] == "GENERATION_FAILED"
     assert partial["retrieved_documents"][0]["id"] == "aspirin"
     assert "sk-test-secret" not in str(failure.value.to_dict())
+
+
+# Issue 11, defect 11: credentials inside LLM_BASE_URL must never reach a caller.
+SECRETS = ("alice", "s3cret-pass", "sk-test-secret", "KEY-123456", "tok-98765")
+
+
+def _leaks(text: str) -> list[str]:
+    return [secret for secret in SECRETS if secret in text]
+
+
+def _credential_settings(tmp_path: Path, base_url: str) -> Settings:
+    return Settings(
+        RAG_DATA_DIR=tmp_path,
+        LLM_PROVIDER="openai",
+        LLM_MODEL="fake-model",
+        LLM_API_KEY="sk-test-secret",
+        LLM_BASE_URL=base_url,
+        LLM_MAX_RETRIES=0,
+        LLM_TIMEOUT_S=5,
+    )
+
+
+def _with_credentials(base_url: str) -> str:
+    return base_url.replace("http://", "http://alice:s3cret-pass@") + "?api_key=KEY-123456&token=tok-98765"
+
+
+def test_redact_masks_userinfo_key_parameters_and_secret_values() -> None:
+    text = "GET http://alice:s3cret-pass@host:8080/v1?api_key=KEY-123456&x=1&token=tok-98765 (s3cret-pass)"
+    redacted = redact(text, ["s3cret-pass"])
+    assert redacted == "GET http://***@host:8080/v1?api_key=***&x=1&token=*** (***)"
+
+
+@pytest.mark.parametrize("reachable", [True, False], ids=["server-error", "unreachable"])
+def test_credentials_in_the_base_url_never_appear_in_errors_or_health(
+    tmp_path: Path,
+    embedder: Embedder,
+    fake_llm: FakeOpenAIServer,
+    reachable: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if reachable:
+        fake_llm.status = 500
+        base_url = _with_credentials(fake_llm.base_url)
+    else:
+        fake_llm.close()  # nothing listens on its port any more
+        base_url = _with_credentials(fake_llm.base_url)
+    service = RagService(_credential_settings(tmp_path, base_url), embedder=embedder)
+    try:
+        service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+        with pytest.raises(GenerationFailedError) as failure:
+            ask(service, "aspirin")
+        message = json.dumps(failure.value.to_dict())
+        assert "***@127.0.0.1" in message
+        assert not _leaks(message), message
+        for technique in ("hyde", "crag"):
+            arguments = {"query": "aspirin", "collection_id": "docs", "options": {"generate": False}}
+            result = service.execute({"technique": technique, "arguments": arguments})
+            assert not _leaks(json.dumps(result))
+        health = service.health_check({"include_details": True})
+        assert not _leaks(json.dumps(health)), health["components"]["llm_service"]
+        # The ingest's graph extraction and the techniques' fallbacks log the failures: masked too.
+        assert "LLM" in caplog.text and not _leaks(caplog.text)
+    finally:
+        service.close()

@@ -564,3 +564,13 @@ def test_web_results_are_refined_by_the_filter_strategy(
     )
     web = [d for d in result["retrieved_documents"] if d["metadata"].get("origin") == "web"]
     assert web and web[0]["score_details"]["strips_total"] == 1
+
+
+@pytest.mark.parametrize("strategy", ["rewrite", "expand", "filter"])
+def test_odd_text_is_corrected_without_failing(crag_service: RagService, strategy: str) -> None:
+    """Issue 11, defect 9: valid but odd text goes through every correction (no LLM: keyword rewrite)."""
+    from tests.pipelines.test_hyde import ODD_TEXT
+
+    for query in ODD_TEXT:
+        result = crag(crag_service, query, {"confidence_threshold": 1.0, "correction_strategy": strategy})
+        assert specific(result)["action"] == strategy, query

@@ -5,13 +5,15 @@ server that speaks the real HTTP API stands in for it.
 """
 
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from iris_rag.errors import InvalidParametersError
+from iris_rag.cancellation import CancelToken, cancellation_scope
+from iris_rag.errors import InvalidParametersError, RequestCancelledError
 from iris_rag.models.embedder import Embedder
 from iris_rag.pipelines.hyde import HYPOTHESIS_PROMPT, SEGMENT_TOKENS, HydeParams, combined_vector
 from iris_rag.schemas import tool_spec
@@ -304,3 +306,82 @@ def test_llm_failure_falls_back_to_prf(llm_service: tuple[RagService, FakeOpenAI
     assert spec["hypothesis_source"] == "prf"
     assert spec["llm_error"]
     assert spec["prf_documents"] and result["retrieved_documents"]
+
+
+# Valid text the other techniques answer (issue 11, defect 9): full-width letters, RTL marks, only
+# punctuation, emoji, zero-width characters, CJK, Arabic, combining accents.
+ODD_TEXT = [
+    "\uff26\uff35\uff2c\uff2c\uff37\uff29\uff24\uff34\uff28 insulin",  # FULLWIDTH
+    "\u202eevil\u202c rtl",
+    "?!?! ... ;;",
+    "🦀🧬💉 🩸",
+    "\u200b\u200c\u200d\u2060",
+    "胰岛素抵抗 与 糖尿病",
+    "مرض السكري insulin",
+    "e\u0301e\u0301 cafe\u0301 lava",
+]
+
+
+def test_odd_text_is_answered_while_other_calls_encode(hyde_service: RagService, embedder: Embedder) -> None:
+    """The tokenizer is shared with the encoder: hyde must not use it off the encode thread meanwhile."""
+    stop = threading.Event()
+    encoder_errors: list[str] = []
+
+    def encode_batches() -> None:
+        # Texts of different lengths: the batch only works while the tokenizer pads it.
+        while not stop.is_set():
+            try:
+                embedder.encode(["short", "a much longer sentence about lava and insulin " * 6, "x y"])
+            except Exception as exc:
+                encoder_errors.append(f"{type(exc).__name__}: {exc}")
+
+    other_call = threading.Thread(target=encode_batches)
+    other_call.start()
+    failures: list[str] = []
+    try:
+        for _ in range(3):
+            for query in ODD_TEXT:
+                for params in ({}, {"hypothesis_length": 50, "prf_depth": 20}):
+                    try:
+                        result = hyde(hyde_service, query, params)
+                    except Exception as exc:
+                        failures.append(f"{query!r}: {type(exc).__name__}: {exc}")
+                        continue
+                    assert specific(result)["hypothesis_source"] == "prf"
+                    assert result["retrieved_documents"], query
+    finally:
+        stop.set()
+        other_call.join()
+    assert not failures, failures[:3]
+    assert not encoder_errors, encoder_errors[:3]
+
+
+@pytest.mark.parametrize(
+    ("technique", "params"),
+    [
+        ("hyde", {}),
+        ("crag", {"confidence_threshold": 1.0, "correction_strategy": "rewrite"}),
+        ("sqlrag", {"allowed_tables": ["documents_docs"], "combine_with_vector": False}),
+    ],
+)
+def test_a_request_cancelled_during_its_llm_call_stops_at_the_next_checkpoint(
+    llm_service: tuple[RagService, FakeOpenAIServer], technique: str, params: dict[str, Any]
+) -> None:
+    """Issue 11, defect 4: the token is cancelled while the LLM answers; no more work after that."""
+    service, server = llm_service
+    token = CancelToken()
+    before = len(server.requests)  # the ingest's graph extraction asked the LLM too
+    server.on_request = lambda _body: token.cancel("the client cancelled")
+    arguments = {"query": "what is dangerous?", "collection_id": "docs", "technique_params": params}
+    with cancellation_scope(token), pytest.raises(RequestCancelledError, match="the client cancelled"):
+        service.execute({"technique": technique, "arguments": arguments})
+    assert len(server.requests) == before + 1, "work went on after the cancellation (another LLM call)"
+
+
+def test_a_cancelled_request_runs_no_technique(hyde_service: RagService) -> None:
+    token = CancelToken()
+    token.cancel("timed out in the front end")
+    for technique in ("basic", "hyde", "crag", "sqlrag"):
+        arguments = {"query": "lava", "collection_id": "docs"}
+        with cancellation_scope(token), pytest.raises(RequestCancelledError):
+            hyde_service.execute({"technique": technique, "arguments": arguments})

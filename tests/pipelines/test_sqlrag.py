@@ -211,16 +211,33 @@ def test_generate_false_returns_the_evidence_only(sql_service: RagService) -> No
     assert result["answer"] is None and specific(result)["row_count"] == 3
 
 
+def test_allowed_tables_cannot_reach_another_collection(sql_service: RagService) -> None:
+    """Issue 11, defect 12: naming collection notes' tables in allowed_tables from docs reads nothing."""
+    for names, sql in (
+        (["documents_notes"], "SELECT id FROM documents_notes"),
+        (["other"], "SELECT * FROM t_other"),
+        (["t_other", "sales"], "SELECT * FROM t_other"),
+    ):
+        with pytest.raises(InvalidParametersError, match="cannot read") as caught:
+            sqlrag(sql_service, params={"sql": sql, "allowed_tables": names})
+        assert caught.value.details["unknown"] == [n for n in names if n != "sales"]
+        assert "t_other" not in caught.value.details["queryable"]
+        assert "documents_notes" not in caught.value.details["queryable"]
+    # Without allowed_tables the statement is refused too, before it runs.
+    with pytest.raises(SqlRejectedError):
+        sqlrag(sql_service, params={"sql": "SELECT id FROM documents_notes"})
+
+
 def test_allowed_tables(sql_service: RagService) -> None:
     with pytest.raises(SqlRejectedError, match="not in allowed_tables"):
         sqlrag(sql_service, params={"sql": "SELECT * FROM t_other"})
-    other = sqlrag(sql_service, params={"sql": "SELECT * FROM t_other", "allowed_tables": ["other"]})
-    assert specific(other)["rows"] == [[1]] and specific(other)["tables_in_scope"] == ["t_other"]
+    rates = sqlrag(sql_service, params={"sql": "SELECT count(*) FROM t_rates", "allowed_tables": ["rates"]})
+    assert specific(rates)["rows"] == [[2]] and specific(rates)["tables_in_scope"] == ["t_rates"]
     with pytest.raises(SqlRejectedError, match="not in allowed_tables"):
         sqlrag(sql_service, params={"sql": "SELECT id FROM documents_docs", "allowed_tables": ["t_sales"]})
-    with pytest.raises(InvalidParametersError, match="not registered: nope") as caught:
+    with pytest.raises(InvalidParametersError, match=r"cannot read .*: nope") as caught:
         sqlrag(sql_service, params={"sql": TOTALS, "allowed_tables": ["nope"]})
-    assert "t_sales" in caught.value.details["registered"]
+    assert "t_sales" in caught.value.details["queryable"]
     joined = (
         "SELECT s.region, round(sum(s.amount * r.rate), 2) AS tax FROM t_sales s "
         "JOIN t_rates r ON r.region = s.region GROUP BY s.region ORDER BY s.region"

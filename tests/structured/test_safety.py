@@ -1,6 +1,7 @@
 """The SQL guard: hostile statements are rejected or contained; the database file stays byte-identical."""
 
 import hashlib
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -8,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from iris_rag.errors import SqlRejectedError
+from iris_rag.cancellation import CancelToken, cancellation_scope
+from iris_rag.errors import RequestCancelledError, SqlRejectedError
 from iris_rag.pipelines.sqlrag import SqlRagPipeline
 from iris_rag.service import RagService
+from iris_rag.structured import safety
 from iris_rag.structured.safety import (
     CheckedSql,
     check_sql,
@@ -186,7 +189,7 @@ CONTAINED: list[tuple[str, dict[str, Any], int]] = [
     ),
     ("SELECT a.region FROM t_sales a, t_sales b, t_sales c, t_sales d", {"max_rows": 10}, 10),
     ("SELECT * FROM t_sales WHERE region LIKE '%" + "a" * 900 + "%'", {}, 0),
-    ("SELECT length(printf('%.*c', 100000000, 'x'))", {}, 1),  # SQLite gives NULL, not 100 MB
+    ("SELECT length(printf('%.999999c', 'x'))", {}, 1),
     ("SELECT count(*) FROM documents_docs", {}, 1),
 ]
 
@@ -332,3 +335,90 @@ def test_the_time_limit_stops_a_runaway_statement(guarded: RagService) -> None:
         run_sql(guarded, forever, max_sql_complexity="complex", timeout_ms=700)
     long = time.perf_counter() - started
     assert 0.15 <= short < long and long >= 0.7
+
+
+MEGABYTE_A = "printf('%.999000c', 'a')"
+# Issue 11, defect 8: statements that spend their time inside one built-in function call (no VM steps,
+# so the progress handler never runs) or that build huge values; each must be refused within its limit.
+PAST_THE_TIME_LIMIT: list[tuple[str, str]] = [
+    ("SELECT printf('%.*c', 900000000, 'x')", "'*' widths"),  # the issue's reproduction
+    ("SELECT format('%*d', 900000000, 1)", "'*' widths"),
+    ("SELECT printf('%.900000000c', 'x')", "width or precision past"),
+    ("SELECT printf(printf('%s', '%.900000000c'), 'x')", "literal format"),
+    ("SELECT length(printf(region, 1)) FROM t_sales", "literal format"),
+    (f"SELECT instr({MEGABYTE_A}, printf('%.400000c', 'a') || 'b')", "time limit"),
+    (f"SELECT length(replace({MEGABYTE_A}, printf('%.400000c', 'a') || 'b', 'c'))", "time limit"),
+    ("SELECT zeroblob(1000000000)", "not allowed"),
+    ("SELECT length(randomblob(1000000000))", "not allowed"),
+    (f"SELECT length(replace({MEGABYTE_A}, 'a', 'bb'))", "grew past"),
+    (
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000) "
+        "SELECT length(group_concat(printf('%.100c', 'x'))) FROM c a, c b",
+        "grew past|time limit",
+    ),
+    (
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000) "
+        "SELECT count(*) FROM c a, c b, c d",
+        "time limit",
+    ),
+    ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c", "time limit"),
+]
+
+
+@pytest.mark.parametrize(("sql", "reason"), PAST_THE_TIME_LIMIT)
+def test_no_statement_runs_past_its_time_limit(guarded: RagService, sql: str, reason: str) -> None:
+    started = time.perf_counter()
+    with pytest.raises(SqlRejectedError) as caught:
+        run_sql(guarded, sql, max_sql_complexity="complex", timeout_ms=300)
+    elapsed = time.perf_counter() - started
+    assert re.search(reason, caught.value.details["reason"]), caught.value.details["reason"]
+    assert elapsed < 3.0, f"{sql} was answered after {elapsed:.1f} s against a 0.3 s limit"
+
+
+def test_the_gate_caps_running_statements_and_refuses_a_call_that_waits_too_long(
+    guarded: RagService,
+) -> None:
+    database = guarded.settings.database_path
+    gate = safety.SqlGate(1)
+    # Stuck in one C call for seconds: its caller is answered at the limit, its slot stays taken.
+    runaway = _unchecked(f"SELECT instr({MEGABYTE_A}, printf('%.400000c', 'a') || 'b')")
+    with pytest.raises(SqlRejectedError, match="time limit"):
+        execute_readonly(
+            database, runaway, allowed=[], views=[], allow_recursive=False, timeout_ms=100, gate=gate
+        )
+    started = time.perf_counter()
+    with pytest.raises(SqlRejectedError, match="1 SQL statements are already running"):
+        execute_readonly(
+            database,
+            _unchecked("SELECT 1"),
+            allowed=[],
+            views=[],
+            allow_recursive=False,
+            timeout_ms=200,
+            gate=gate,
+        )
+    assert time.perf_counter() - started < 3.0
+    # Once the runaway really ends, its slot is free again.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            result = execute_readonly(
+                database,
+                _unchecked("SELECT 1"),
+                allowed=[],
+                views=[],
+                allow_recursive=False,
+                timeout_ms=200,
+                gate=gate,
+            )
+            break
+        except SqlRejectedError:
+            assert time.monotonic() < deadline, "the runaway statement never gave its slot back"
+    assert result.rows == [[1]]
+
+
+def test_a_cancelled_request_stops_waiting_for_its_statement(guarded: RagService) -> None:
+    token = CancelToken()
+    token.cancel("test")
+    with cancellation_scope(token), pytest.raises(RequestCancelledError):
+        run_sql(guarded, "SELECT count(*) FROM t_sales")

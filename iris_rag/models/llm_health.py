@@ -1,0 +1,81 @@
+"""The LLM's health: a cheap GET of the server's /models, cached briefly so rag_health_check stays fast."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from iris_rag.redaction import redact
+from iris_rag.settings import Settings
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+# One probe per this many seconds, whatever the number of health checks.
+PROBE_CACHE_S = 30.0
+# Long enough for a reachable server on a busy machine, short enough to keep health answering fast.
+PROBE_TIMEOUT_S = 2.0
+# Servers that answer but have no /models endpoint are up.
+_NO_MODELS_ENDPOINT = frozenset({404, 405, 501})
+
+
+@dataclass(frozen=True, slots=True)
+class LlmStatus:
+    """One probe's verdict: healthy, degraded (answers with an error) or unhealthy (unreachable)."""
+
+    status: str
+    error: str | None
+    details: dict[str, Any]
+    checked_at: float
+
+
+class LlmProbe:
+    """Probes the configured OpenAI-compatible server; no probe when LLM_PROVIDER is none."""
+
+    def __init__(self, settings: Settings, cache_s: float = PROBE_CACHE_S) -> None:
+        self.settings = settings
+        self.cache_s = cache_s
+        self._lock = threading.Lock()
+        self._last: LlmStatus | None = None
+
+    def check(self) -> LlmStatus:
+        """The cached verdict if recent, else a new probe (one at a time)."""
+        with self._lock:
+            last = self._last
+            if last is None or time.monotonic() - last.checked_at >= self.cache_s:
+                last = self._last = self._probe()
+            return last
+
+    def _probe(self) -> LlmStatus:
+        settings = self.settings
+        secrets = settings.llm_secrets
+        base_url = settings.llm_base_url or OPENAI_BASE_URL
+        info: dict[str, Any] = {
+            "provider": settings.llm_provider,
+            "model": settings.generator_name,
+        }
+        now = time.monotonic()
+        if settings.llm_provider != "openai":
+            return LlmStatus("healthy", None, {**info, "probed": False}, now)
+        info |= {"base_url": redact(base_url, secrets), "probed": True}
+        url = base_url.rstrip("/") + "/models"
+        headers = {}
+        if settings.llm_api_key is not None:
+            headers["Authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
+        started = time.perf_counter()
+        try:
+            response = httpx.get(url, headers=headers, timeout=min(PROBE_TIMEOUT_S, settings.llm_timeout_s))
+        except httpx.HTTPError as exc:
+            error = redact(f"the LLM server is unreachable: {type(exc).__name__}: {exc}", secrets)
+            return LlmStatus("unhealthy", error, info, time.monotonic())
+        info |= {
+            "http_status": response.status_code,
+            "probe_ms": round((time.perf_counter() - started) * 1000, 3),
+            "cached_for_s": self.cache_s,
+        }
+        if response.is_success or response.status_code in _NO_MODELS_ENDPOINT:
+            return LlmStatus("healthy", None, info, time.monotonic())
+        error = redact(f"the LLM server answered GET /models with HTTP {response.status_code}", secrets)
+        return LlmStatus("degraded", error, info, time.monotonic())
