@@ -447,7 +447,7 @@ class NodeTreeIndex:
         missing = list({h: t for h, t in zip(hashes, texts, strict=True) if h not in cached}.items())
         for start in range(0, len(missing), ENCODE_BATCH):
             batch = missing[start : start + ENCODE_BATCH]
-            fresh = self.embedder.encode([text for _, text in batch])
+            fresh = self.embedder.encode([text for _, text in batch], bulk=True)
             items = [(h, fresh[i]) for i, (h, _) in enumerate(batch)]
             if self.store is not None:
                 self.store.cache_embeddings(self.model_name, items)
