@@ -205,7 +205,8 @@ class TokenEncoder:
                         )
 
         # Similar lengths sliced and batched together: padding is wasted work.
-        self.embedder.map_bulk(run, sorted(range(len(texts)), key=lambda i: len(texts[i])))
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        self.embedder.map_bulk(run, order, cost=lambda i: len(texts[i]))
         return [r for r in results if r is not None]
 
     def encode_query(self, query: str, *, max_length: int) -> Future[QueryEncoding]:

@@ -31,8 +31,9 @@ _I = TypeVar("_I")
 QUERY_THREADS = 1
 """torch threads for encoding a single text (see Embedder._use_threads)."""
 
-BULK_SLICE = 16
-"""Texts per turn of bulk work on the encode thread: the most a query's encode waits for (see map_bulk)."""
+BULK_SLICE_CHARS = 16_000
+"""Characters of text per turn of bulk work on the encode thread (16 chunks, or hundreds of short names):
+the most work a query's encode waits for (see map_bulk)."""
 
 
 class Priority(IntEnum):
@@ -106,6 +107,7 @@ class Embedder:
         self._ready = threading.Event()
         # Every model call runs on this one thread; queries' encodes go ahead of bulk slices.
         self._encode_thread = EncodeQueue("encode")
+        self.bulk_slice_chars = BULK_SLICE_CHARS
         self.bulk_slices_run = 0  # slices of bulk work done so far (for health details and tests)
 
     def start_loading(self) -> None:
@@ -184,7 +186,7 @@ class Embedder:
         self.wait_ready()
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        if bulk or (bulk is None and len(texts) > BULK_SLICE):
+        if bulk or (bulk is None and sum(map(len, texts)) > self.bulk_slice_chars):
             return self._encode_bulk(texts, batch_size)
 
         def run(model: Any) -> Any:
@@ -214,18 +216,20 @@ class Embedder:
                 show_progress_bar=False,
             )
 
-        vectors = np.concatenate(self.map_bulk(run, order)).astype(np.float32, copy=False)
+        slices = self.map_bulk(run, order, cost=lambda i: len(texts[i]))
+        vectors = np.concatenate(slices).astype(np.float32, copy=False)
         result: Vectors = np.empty_like(vectors)
         result[order] = vectors
         return result
 
     def map_bulk(
-        self, task: Callable[[Any, list[_I]], _T], items: Sequence[_I], *, slice_size: int = BULK_SLICE
+        self, task: Callable[[Any, list[_I]], _T], items: Sequence[_I], *, cost: Callable[[_I], int]
     ) -> list[_T]:
         """Run task(model, slice) over consecutive slices of items as bulk work; one result per slice.
 
-        Each slice is queued only when the previous one is done, so a query's encode waits for at most
-        one slice, and bulk callers take turns. Between slices (on the caller's thread) the request's
+        A slice holds items up to `bulk_slice_chars` of `cost` (an item's characters), at least one. Each
+        slice is queued only when the previous one is done, so a query's encode waits for at most one
+        slice, and bulk callers take turns. Between slices (on the caller's thread) the request's
         cancellation is checked.
         """
         self.wait_ready()
@@ -237,10 +241,15 @@ class Embedder:
             return result
 
         results: list[_T] = []
-        for start in range(0, len(items), slice_size):
-            check_cancelled()
-            part = list(items[start : start + slice_size])
-            results.append(self._encode_thread.submit(Priority.BULK, run, self._model, part).result())
+        part: list[_I] = []
+        filled = 0
+        for position, item in enumerate(items):
+            part.append(item)
+            filled += cost(item)
+            if filled >= self.bulk_slice_chars or position == len(items) - 1:
+                check_cancelled()
+                results.append(self._encode_thread.submit(Priority.BULK, run, self._model, part).result())
+                part, filled = [], 0
         return results
 
     def encode_query(self, query: str) -> npt.NDArray[np.float32]:

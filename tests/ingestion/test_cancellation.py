@@ -38,8 +38,11 @@ def test_a_cancelled_first_ingest_leaves_no_collection(service: RagService) -> N
     assert service.store.document_ids("fresh") == []
 
 
-def test_cancel_from_another_thread_after_the_first_slice_rolls_the_ingest_back(service: RagService) -> None:
+def test_cancel_from_another_thread_after_the_first_slice_rolls_the_ingest_back(
+    service: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
     embedder = service.embedder
+    monkeypatch.setattr(embedder, "bulk_slice_chars", 1000)  # a few documents per slice
     token = CancelToken()
     slices_before = embedder.bulk_slices_run
 

@@ -10,17 +10,24 @@ import numpy as np
 import pytest
 
 from iris_rag.indexes.token_vectors import TokenVectorIndex
-from iris_rag.models.embedder import BULK_SLICE, Embedder
+from iris_rag.models.embedder import Embedder
 from iris_rag.service import RagService
 
-SLICES = 12
+SLICES = 8
+TEXTS_PER_SLICE = 16
 
 
 def _texts() -> list[str]:
     return [
-        f"Sentence {i}: insulin resistance in skeletal muscle precedes type 2 diabetes in cohort {i}."
-        for i in range(SLICES * BULK_SLICE)
+        f"Sentence {i:04}: insulin resistance in skeletal muscle precedes type 2 diabetes in cohort {i:04}."
+        for i in range(SLICES * TEXTS_PER_SLICE)
     ]
+
+
+@pytest.fixture(autouse=True)
+def _small_slices(embedder: Embedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices of 16 of these texts, so that a short run still has many."""
+    monkeypatch.setattr(embedder, "bulk_slice_chars", TEXTS_PER_SLICE * len(_texts()[0]))
 
 
 def _wait_for_first_slice(embedder: Embedder, before: int) -> None:
@@ -63,9 +70,9 @@ def test_token_vector_building_yields_to_a_query(service: RagService) -> None:
     assert slices < SLICES
 
 
-@pytest.mark.parametrize("count", [1, BULK_SLICE + 3])
+@pytest.mark.parametrize("count", [1, TEXTS_PER_SLICE + 3])
 def test_bulk_encode_gives_the_same_vectors_in_the_same_order(embedder: Embedder, count: int) -> None:
-    texts = [f"{'word ' * (i % 7)}text number {i}" for i in range(count)]
+    texts = [f"{'word ' * (i % 7)}{_texts()[i]}" for i in range(count)]
     bulk = embedder.encode(texts, bulk=True)
     assert bulk.shape == (count, embedder.dimension)
     one_by_one = np.stack([embedder.encode_query(t) for t in texts])
