@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import itertools
 import logging
 import os
@@ -34,6 +37,28 @@ QUERY_THREADS = 1
 BULK_SLICE_CHARS = 16_000
 """Characters of text per turn of bulk work on the encode thread (16 chunks, or hundreds of short names):
 the most work a query's encode waits for (see map_bulk)."""
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """The C library's malloc_trim (glibc), or None where it has none."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    return trim
+
+
+def release_freed_memory() -> None:
+    """Give the memory of freed activations back to the OS (glibc only; elsewhere a no-op).
+
+    A slice's activations are freed in pieces of many sizes; glibc keeps them in its heaps, so without
+    this the worker's resident memory grows with the length of an ingest instead of staying at one
+    slice's worth (measured: +883 MB for a 350 KB document).
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class Priority(IntEnum):
@@ -238,6 +263,7 @@ class Embedder:
             self._use_threads(single=len(part) == 1)
             result = task(model, part)
             self.bulk_slices_run += 1
+            release_freed_memory()
             return result
 
         results: list[_T] = []
