@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -23,27 +24,40 @@ class Monitor:
     """Records calls durably, so windows longer than one process's life are right after a restart.
 
     Records are written by a background thread: a write to the store never delays the answer it describes.
+    Until a record is stored it is also kept in memory, so metrics never wait for that write (which may
+    wait for an ingest's write lock) and still count every call.
     """
 
     def __init__(self, store: DocumentStore) -> None:
         self.store = store
         self.started_at = time.time()
-        self._pending: queue.Queue[CallRecord] = queue.Queue()
+        self._pending: queue.Queue[tuple[int, CallRecord]] = queue.Queue()
+        self._unstored: dict[int, CallRecord] = {}
+        self._unstored_lock = threading.Lock()
+        self._numbers = itertools.count()
         threading.Thread(target=self._write_forever, name="monitor", daemon=True).start()
 
     def record(
         self, tool: str, technique: str | None, duration_ms: float, success: bool, error_code: str | None
     ) -> None:
         """Queue one call for storing."""
-        self._pending.put(CallRecord(time.time(), tool, technique, duration_ms, success, error_code))
+        record = CallRecord(time.time(), tool, technique, duration_ms, success, error_code)
+        number = next(self._numbers)
+        with self._unstored_lock:
+            self._unstored[number] = record
+        self._pending.put((number, record))
 
     def _write_forever(self) -> None:
         while True:
-            record = self._pending.get()
+            number, record = self._pending.get()
             try:
                 self.store.record_call(record)
             except Exception:
+                # Kept in memory: this process still counts it.
                 logger.exception("could not store a call record")
+            else:
+                with self._unstored_lock:
+                    del self._unstored[number]
             finally:
                 self._pending.task_done()
 
@@ -52,11 +66,10 @@ class Monitor:
         self._pending.join()
 
     def metrics(self, time_range: str = "24h", technique_filter: str | None = None) -> dict[str, Any]:
-        """Counts, rates and latency percentiles, overall, per technique and per tool."""
-        self.flush()
+        """Counts, rates and latency percentiles, overall, per technique and per tool; never waits."""
         now = time.time()
         window = WINDOWS_S[time_range]
-        records = self.store.calls_since(now - window)
+        records = self._calls_since(now - window)
         if technique_filter is not None:
             records = [r for r in records if r.technique == technique_filter]
         minutes = window / 60
@@ -75,6 +88,21 @@ class Monitor:
             "by_technique": {name: call_stats(rs, minutes) for name, rs in sorted(by_technique.items())},
             "by_tool": {name: call_stats(rs, minutes) for name, rs in sorted(by_tool.items())},
         }
+
+    def _calls_since(self, since: float) -> list[CallRecord]:
+        """Stored records (read without the write lock: WAL readers never wait) and those not yet stored."""
+        # Memory first, then the store: a record stored in between is in both, and counted once.
+        with self._unstored_lock:
+            unstored = [r for r in self._unstored.values() if r.timestamp >= since]
+        stored = self.store.calls_since(since)
+        seen = Counter(stored)
+        records = list(stored)
+        for record in unstored:
+            if seen[record] > 0:
+                seen[record] -= 1
+            else:
+                records.append(record)
+        return records
 
 
 def call_stats(records: list[CallRecord], window_minutes: float) -> dict[str, Any]:

@@ -1,9 +1,16 @@
+import sqlite3
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from iris_rag.monitor import Monitor
+from iris_rag.service import RagService
 from iris_rag.stores.base import CallRecord
 from iris_rag.stores.sqlite import SqliteStore
 
@@ -35,3 +42,52 @@ def test_windows_percentiles_and_restart(tmp_path: Path) -> None:
     assert week["overall"]["request_count"] == 101
     assert "rag_ingest" not in week["by_tool"]
     assert monitor.metrics("1h", technique_filter="nope")["overall"]["request_count"] == 0
+
+
+def _answered_within(seconds: float, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The call's answer, run on a thread; fails if it has not answered in time (a hang, not speed)."""
+    answers: list[dict[str, Any]] = []
+    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert answers, f"no answer within {seconds} s: it waited for the writer"
+    return answers[0]
+
+
+@contextmanager
+def _in_process_writer(store: SqliteStore) -> Iterator[None]:
+    """What an ingest in this process holds during its transaction: the store's write lock."""
+    with store._write_lock:
+        yield
+
+
+@contextmanager
+def _other_process_writer(store: SqliteStore) -> Iterator[None]:
+    """What an ingest by another process (the CLI) holds: SQLite's write lock on the file."""
+    connection = sqlite3.connect(store.path, isolation_level=None)
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        connection.execute("ROLLBACK")
+        connection.close()
+
+
+@pytest.mark.parametrize("writer", [_in_process_writer, _other_process_writer])
+def test_metrics_and_health_answer_while_a_writer_holds_the_store(
+    service: RagService, writer: Callable[[SqliteStore], AbstractContextManager[None]]
+) -> None:
+    store = service.store
+    assert isinstance(store, SqliteStore)
+    service.monitor.record("rag_basic", "basic", 5.0, True, None)
+    service.monitor.flush()
+    with writer(store):
+        service.monitor.record("rag_basic", "basic", 7.0, False, "TIMEOUT_EXCEEDED")  # its write must wait
+        metrics = _answered_within(10, lambda: service.metrics({"time_range": "1h"}))
+        health = _answered_within(10, lambda: service.health_check({"include_details": True}))
+    basic = metrics["by_technique"]["basic"]
+    assert (basic["request_count"], basic["error_count"]) == (2, 1)
+    assert basic["error_codes"] == {"TIMEOUT_EXCEEDED": 1}
+    assert health["components"]["database"]["status"] == "healthy"
+    service.monitor.flush()  # stored once the writer is gone, and counted once
+    assert service.metrics({"time_range": "1h"})["overall"]["request_count"] == 2

@@ -453,8 +453,9 @@ class RuleExtractor:
         if title.strip():
             sentences.append(("title", 0, title))
         sentences += [("content", s.start, s.text) for s in split_sentences(content)]
-        # Abbreviation definitions first: they hold for the whole document.
-        definitions: list[tuple[int, Mention, Mention]] = []
+        # Abbreviation definitions first: they hold for the whole document. Kept per unit: looked up per
+        # sentence, a flat list would make extraction quadratic in the document's length.
+        definitions: dict[int, list[Mention]] = {}
         for unit, (text_field, offset, text) in enumerate(sentences):
             for short_start, short_end, long_start, long_end in find_abbreviations(text):
                 long = text[long_start:long_end]
@@ -465,9 +466,8 @@ class RuleExtractor:
                 graph.aliases.setdefault(short_key, long_key)
                 graph.short_forms.setdefault(short_key, short)
                 name = display_name(long, long_start == 0)
-                definitions.append(
+                definitions.setdefault(unit, []).extend(
                     (
-                        unit,
                         Mention(
                             long_key, name, "term", text_field, offset + long_start, offset + long_end, unit
                         ),
@@ -485,7 +485,7 @@ class RuleExtractor:
         for unit, (text_field, offset, text) in enumerate(sentences):
             graph.units.append(Unit(text_field, offset, offset + len(text)))
             mentions = self._sentence_mentions(text, text_field, offset, unit, graph.aliases)
-            mentions += [m for u, long, short in definitions if u == unit for m in (long, short)]
+            mentions += definitions.get(unit, [])
             mentions = _dedupe(mentions)
             graph.mentions += mentions
             graph.relations += _co_occurrences(mentions, unit)

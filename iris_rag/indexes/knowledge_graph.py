@@ -20,6 +20,7 @@ Tables (every row carries its collection):
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import math
@@ -780,19 +781,35 @@ def _largest_component(connection: sqlite3.Connection, collection_id: str) -> in
 
 
 def _unit_chunks(units: list[Unit], document: DocumentInput) -> list[int]:
-    """The chunk each unit belongs to: the first that holds it whole (title units go to the first chunk)."""
+    """The chunk each unit belongs to: the first that holds it whole (title units go to the first chunk).
+
+    Chunks come in text order (starts and ends ascending): a binary search finds the first chunk that
+    can hold a unit, so placing every unit is not quadratic in the document's length.
+    """
     chunks = document.chunks
+    starts = [c.start_char for c in chunks]
+    ends = [c.end_char for c in chunks]
+    in_order = starts == sorted(starts) and ends == sorted(ends)
     placed: list[int] = []
     for unit in units:
         if unit.field == "title" or not chunks:
             placed.append(chunks[0].index if chunks else 0)
             continue
+        candidates = chunks
+        if in_order:
+            first = bisect.bisect_left(ends, unit.end)  # the first chunk ending at or after the unit
+            if first < len(chunks) and starts[first] <= unit.start:
+                placed.append(chunks[first].index)
+                continue
+            # Not held whole (a sentence longer than a chunk): the most overlap is among the overlapping.
+            overlapping = chunks[bisect.bisect_right(ends, unit.start) : bisect.bisect_left(starts, unit.end)]
+            candidates = overlapping or chunks
         holder = next(
-            (c.index for c in chunks if c.start_char <= unit.start and unit.end <= c.end_char), None
+            (c.index for c in candidates if c.start_char <= unit.start and unit.end <= c.end_char), None
         )
         if holder is None:
             holder = max(
-                chunks, key=lambda c: min(c.end_char, unit.end) - max(c.start_char, unit.start)
+                candidates, key=lambda c: min(c.end_char, unit.end) - max(c.start_char, unit.start)
             ).index
         placed.append(holder)
     return placed

@@ -182,12 +182,12 @@ class _Builder:
             section = self.add("section", preamble[0][0], preamble[-1][1], 0)
             self.paragraphs(section, 0, first_heading)
         stack: list[tuple[int, int]] = [(0, 0)]  # (node id, heading level) of the open sections
+        closings = _closing_lines(headings, len(self.lines))
         for n, (line, level, text) in enumerate(headings):
             while stack[-1][1] >= level:
                 stack.pop()
-            closing = next((h[0] for h in headings[n + 1 :] if h[1] <= level), len(self.lines))
             body_end = headings[n + 1][0] if n + 1 < len(headings) else len(self.lines)
-            end = len(self.content[: self.lines[closing - 1].end].rstrip())
+            end = _rstrip_end(self.content, self.lines[closings[n] - 1].end)
             section = self.add(
                 "section",
                 self.lines[line].start + _indent(self.lines[line].text),
@@ -204,14 +204,38 @@ def _indent(text: str) -> int:
     return len(text) - len(text.lstrip())
 
 
+def _closing_lines(headings: list[tuple[int, int, str]], line_count: int) -> list[int]:
+    """For each heading, the line of the next heading of the same or a higher level (or the end).
+
+    One pass with a stack of open headings: searching forward from each would be quadratic.
+    """
+    closing = [line_count] * len(headings)
+    open_headings: list[int] = []
+    for n, (line, level, _) in enumerate(headings):
+        while open_headings and headings[open_headings[-1]][1] >= level:
+            closing[open_headings.pop()] = line
+        open_headings.append(n)
+    return closing
+
+
+def _rstrip_end(text: str, end: int) -> int:
+    """len(text[:end].rstrip()), without copying the text before `end`."""
+    while end > 0 and text[end - 1].isspace():
+        end -= 1
+    return end
+
+
 def _cut(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """A sentence as pieces of at most MAX_SENTENCE_CHARS, cut at whitespace where there is any."""
     pieces: list[tuple[int, int]] = []
     while end - start > MAX_SENTENCE_CHARS:
         cut = text.rfind(" ", start + MAX_SENTENCE_CHARS // 2, start + MAX_SENTENCE_CHARS)
         cut = cut if cut > start else start + MAX_SENTENCE_CHARS
-        pieces.append((start, len(text[:cut].rstrip())))
-        start = cut + len(text[cut:end]) - len(text[cut:end].lstrip())
+        # Offsets found without slicing: copying the rest of a long sentence per piece is quadratic.
+        pieces.append((start, _rstrip_end(text, cut)))
+        start = cut
+        while start < end and text[start].isspace():
+            start += 1
     if end > start:
         pieces.append((start, end))
     return pieces
@@ -442,7 +466,7 @@ class NodeTreeIndex:
         missing = list({h: t for h, t in zip(hashes, texts, strict=True) if h not in cached}.items())
         for start in range(0, len(missing), ENCODE_BATCH):
             batch = missing[start : start + ENCODE_BATCH]
-            fresh = self.embedder.encode([text for _, text in batch])
+            fresh = self.embedder.encode([text for _, text in batch], bulk=True)
             items = [(h, fresh[i]) for i, (h, _) in enumerate(batch)]
             if self.store is not None:
                 self.store.cache_embeddings(self.model_name, items)

@@ -156,40 +156,24 @@ class TokenEncoder:
         batch_size: int | None = None,
         with_dense: bool = False,
     ) -> list[TokenVectors]:
-        """Each text's kept word pieces (no special or punctuation tokens), projected and unit-length."""
-        return self.encode_async(
-            texts, max_length=max_length, batch_size=batch_size, with_dense=with_dense
-        ).result()
+        """Each text's kept word pieces (no special or punctuation tokens), projected and unit-length.
 
-    def encode_async(
-        self,
-        texts: list[str],
-        *,
-        max_length: int = MAX_DOCUMENT_TOKENS,
-        batch_size: int | None = None,
-        with_dense: bool = False,
-    ) -> Future[list[TokenVectors]]:
-        """encode(), started on the encode thread: the caller does other work (SQL) meanwhile.
-
+        Bulk work on the encode thread (Embedder.map_bulk): in slices, behind every query's encode.
         `with_dense`: also give each text's dense embedding from the same hidden state, where that is
         exactly what Embedder.encode computes (see dense_from_hidden); the ingest then skips its own pass.
         """
         if not texts:
-            done: Future[list[TokenVectors]] = Future()
-            done.set_result([])
-            return done
+            return []
         projection, skip = self._setup()
         batch = batch_size or self.embedder.batch_size
         tokenizer = self.embedder.tokenizer
+        results: list[TokenVectors | None] = [None] * len(texts)
 
-        def run(model: Any) -> list[TokenVectors]:
+        def run(model: Any, order: list[int]) -> None:
             import torch
 
             transformer = model[0].auto_model
             dense_limit = _dense_limit(model, max_length) if with_dense else 0
-            results: list[TokenVectors | None] = [None] * len(texts)
-            # Similar lengths batched together: padding is wasted work.
-            order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
             with torch.inference_mode():
                 for start in range(0, len(order), batch):
                     positions = order[start : start + batch]
@@ -219,9 +203,11 @@ class TokenEncoder:
                             truncated=bool(mask[row].all()) and len(row_ids) >= max_length,
                             dense=dense_from_hidden(states) if len(row_ids) < dense_limit else None,
                         )
-            return [r for r in results if r is not None]
 
-        return self.embedder.run_with_model(run, single=len(texts) == 1)
+        # Similar lengths sliced and batched together: padding is wasted work.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        self.embedder.map_bulk(run, order, cost=lambda i: len(texts[i]))
+        return [r for r in results if r is not None]
 
     def encode_query(self, query: str, *, max_length: int) -> Future[QueryEncoding]:
         """One forward pass of the query for both its token vectors and its dense embedding.

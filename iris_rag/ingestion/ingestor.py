@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
 from iris_rag.indexes.base import ChunkEncoding, ChunkEncodingSource, TechniqueIndex
 from iris_rag.ingestion.chunking import chunk_text
@@ -19,7 +20,7 @@ from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.models.embedder import Embedder
 from iris_rag.pipelines.base import check_embedding_model
 from iris_rag.settings import Settings
-from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore
+from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore, NewCollection
 
 MAX_ID_LENGTH = 256
 COLLECTION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # as common.json#/$defs/collection_id
@@ -108,7 +109,11 @@ class Ingestor:
         chunk_size: int | None = None,
         chunk_overlap: int | None = None,
     ) -> IngestResult:
-        """Ingest a batch in one store transaction; returns ids written and per-document errors."""
+        """Ingest a batch in one store transaction; returns ids written and per-document errors.
+
+        A new collection comes into being in that transaction too. The request's cancellation is checked
+        between encode slices and stages and before the commit: a cancelled ingest stores nothing.
+        """
         started = time.perf_counter()
         size = chunk_size or self.settings.chunk_size
         overlap = self.settings.chunk_overlap if chunk_overlap is None else chunk_overlap
@@ -119,12 +124,11 @@ class Ingestor:
             msg = f"collection id {collection_id!r} must be 1-64 letters, digits, '_', '.', '-'"
             raise InvalidParametersError(msg)
         collection = self.store.get_collection(collection_id)
+        new_collection = None
         if collection is not None:
             check_embedding_model(collection, self.settings.embedding_model)
         else:
-            self.store.create_collection(
-                collection_id, self.settings.embedding_model, self.embedder.dimension
-            )
+            new_collection = NewCollection(self.settings.embedding_model, self.embedder.dimension)
         result = IngestResult(collection_id)
         accepted: list[tuple[str, SourceDocument, list[Any]]] = []
         seen: set[str] = set()
@@ -138,6 +142,7 @@ class Ingestor:
             seen.add(doc_id)
             accepted.append((doc_id, document, chunk_text(document.content, size=size, overlap=overlap)))
 
+        check_cancelled()
         texts = [embedding_text(doc.title, span.text) for _, doc, spans in accepted for span in spans]
         shared = self._encoding_source.encode_chunks(texts) if self._encoding_source and texts else None
         vectors, result.embeddings_reused = self._embed(texts, shared)
@@ -159,8 +164,15 @@ class Ingestor:
             row += len(spans)
             inputs.append(DocumentInput(doc_id, doc.title, doc.content, dict(doc.metadata), chunks))
         # Technique indexes do their heavy work here, outside the store's transaction.
-        prepared = {index.name: index.prepare(collection_id, inputs) for index in self.technique_indexes}
-        result.chunks_created = self.store.upsert_documents(collection_id, inputs, prepared) if inputs else 0
+        prepared: dict[str, Any] = {}
+        for index in self.technique_indexes:
+            check_cancelled()
+            prepared[index.name] = index.prepare(collection_id, inputs)
+        check_cancelled()
+        if inputs:
+            result.chunks_created = self.store.upsert_documents(
+                collection_id, inputs, prepared, new_collection=new_collection
+            )
         result.document_ids = [d.id for d in inputs]
         result.time_ms = (time.perf_counter() - started) * 1000
         return result
@@ -179,8 +191,8 @@ class Ingestor:
         missing = list({h: text for h, text in zip(hashes, texts, strict=True) if h not in cached}.items())
         from_pass = [(h, v) for h, _ in missing if (v := known.get(h)) is not None]
         to_encode = [(h, text) for h, text in missing if known.get(h) is None]
-        # Embed the batch's new texts in one call: batching is where the encoder's throughput comes from.
-        fresh = self.embedder.encode([text for _, text in to_encode])
+        # Bulk work: sliced behind queries' encodes, with a cancellation check between slices.
+        fresh = self.embedder.encode([text for _, text in to_encode], bulk=True)
         new = [*from_pass, *((h, fresh[i]) for i, (h, _) in enumerate(to_encode))]
         self.store.cache_embeddings(model, new)
         cached.update(new)

@@ -35,6 +35,14 @@ class CollectionInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class NewCollection:
+    """What a collection is created with, by the same transaction as its first documents."""
+
+    embedding_model: str
+    dimension: int
+
+
+@dataclass(frozen=True, slots=True)
 class ChunkInput:
     """A chunk ready to store: its text, offsets and vector."""
 
@@ -129,9 +137,17 @@ class DocumentStore(Protocol):
 
     # Documents
     def upsert_documents(
-        self, collection_id: str, documents: list[DocumentInput], prepared: dict[str, Any] | None = None
+        self,
+        collection_id: str,
+        documents: list[DocumentInput],
+        prepared: dict[str, Any] | None = None,
+        *,
+        new_collection: NewCollection | None = None,
     ) -> int:
-        """Insert or replace documents, chunks and technique-index rows in one transaction; count chunks."""
+        """Insert or replace documents, chunks and technique-index rows in one transaction; count chunks.
+
+        With `new_collection`, a missing collection is created in that same transaction.
+        """
 
     def register_index(self, index: TechniqueIndex) -> None:
         """Keep a technique's index in step with every later upsert and delete."""

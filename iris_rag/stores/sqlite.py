@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from iris_rag.cancellation import check_cancelled
 from iris_rag.indexes.base import TechniqueIndex
 from iris_rag.stores.base import (
     CallRecord,
@@ -22,6 +23,7 @@ from iris_rag.stores.base import (
     CollectionInfo,
     DocumentInput,
     KeywordScoring,
+    NewCollection,
     ScoredChunk,
     StoredChunk,
     StoredDocument,
@@ -386,16 +388,11 @@ class SqliteStore:
 
     def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
         """Create the collection if absent and return it."""
-        now = _now()
         with self._write_lock:
             connection = self._connection()
             connection.execute("BEGIN IMMEDIATE")
             try:
-                connection.execute(
-                    "INSERT OR IGNORE INTO collections VALUES (?, ?, ?, ?, ?)",
-                    (collection_id, embedding_model, dimension, now, now),
-                )
-                self._ensure_keyword_tables(connection, collection_id)
+                self._insert_collection(connection, collection_id, embedding_model, dimension)
                 connection.execute("COMMIT")
             except BaseException:
                 connection.execute("ROLLBACK")
@@ -404,6 +401,17 @@ class SqliteStore:
         assert info is not None
         return info
 
+    def _insert_collection(
+        self, connection: sqlite3.Connection, collection_id: str, embedding_model: str, dimension: int
+    ) -> None:
+        """The collection row and keyword tables if absent (inside the caller's write transaction)."""
+        now = _now()
+        connection.execute(
+            "INSERT OR IGNORE INTO collections VALUES (?, ?, ?, ?, ?)",
+            (collection_id, embedding_model, dimension, now, now),
+        )
+        self._ensure_keyword_tables(connection, collection_id)
+
     def list_collections(self) -> list[CollectionInfo]:
         """Every collection with counts."""
         rows = self._connection().execute(f"{_COLLECTION_SELECT} ORDER BY c.id").fetchall()
@@ -411,11 +419,19 @@ class SqliteStore:
 
     # Documents
     def upsert_documents(
-        self, collection_id: str, documents: list[DocumentInput], prepared: dict[str, Any] | None = None
+        self,
+        collection_id: str,
+        documents: list[DocumentInput],
+        prepared: dict[str, Any] | None = None,
+        *,
+        new_collection: NewCollection | None = None,
     ) -> int:
         """Insert or replace documents, their chunks and their technique-index rows in one transaction.
 
         prepared maps a technique index's name to what its prepare() computed for these documents.
+        `new_collection`: create the collection, if absent, in this same transaction, so a failed or
+        cancelled first ingest leaves no empty collection behind. The request's cancellation is checked
+        last, before the commit.
         """
         now = _now()
         written = 0
@@ -423,6 +439,9 @@ class SqliteStore:
             connection = self._connection()
             connection.execute("BEGIN IMMEDIATE")
             try:
+                if new_collection is not None:
+                    model, dimension = new_collection.embedding_model, new_collection.dimension
+                    self._insert_collection(connection, collection_id, model, dimension)
                 self._ensure_keyword_tables(connection, collection_id)
                 for document in documents:
                     created = connection.execute(
@@ -449,6 +468,7 @@ class SqliteStore:
                     if prepared is not None and index.name in prepared:
                         index.write(connection, collection_id, documents, prepared[index.name])
                 connection.execute("UPDATE collections SET updated_at = ? WHERE id = ?", (now, collection_id))
+                check_cancelled()
                 connection.execute("COMMIT")
             except BaseException:
                 connection.execute("ROLLBACK")
