@@ -57,6 +57,8 @@ class Settings(BaseSettings):
 
     # Worker
     worker_threads: int = Field(4, ge=1, le=64, validation_alias="WORKER_THREADS")
+    # The front end's limit, read here too so the worker never admits more work than the front end allows.
+    max_concurrent_requests: int = Field(8, ge=1, validation_alias="MAX_CONCURRENT_REQUESTS")
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
 
     @model_validator(mode="after")

@@ -140,7 +140,13 @@ class ColbertPipeline(Pipeline):
 
         query_tokens = encoding.tokens
         query_words = self.encoder.token_strings(query_tokens.token_ids.tolist())
-        full_length = len(self.encoder.embedder.tokenizer.tokenize(query)) + 2
+        # The tokenizer is shared with the encode thread and is not thread-safe (see hyde): count there.
+        full_length = (
+            self.encoder.embedder.run_with_model(
+                lambda model: len(model.tokenizer.tokenize(query)), single=True
+            ).result()
+            + 2
+        )
 
         rows, weights = query_tokens.vectors, np.ones(len(query_words), dtype=np.float32)
         self._score(candidates, rows, weights, params)

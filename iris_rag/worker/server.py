@@ -175,12 +175,6 @@ def _skip_rest_of_line(reader: BinaryIO) -> None:
             return
 
 
-def _max_in_flight() -> int:
-    """The front end passes its MAX_CONCURRENT_REQUESTS down, so both sides hold the same bound."""
-    raw = os.environ.get("MAX_CONCURRENT_REQUESTS", "").strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_IN_FLIGHT
-
-
 def main() -> None:
     """Entry point of `python -m iris_rag.bridge`."""
     output = claim_stdout()
@@ -192,7 +186,9 @@ def main() -> None:
         format="%(asctime)s worker %(levelname)s %(message)s",
     )
     service = RagService(settings)
-    server = WorkerServer(Dispatcher(service), output, settings.worker_threads, _max_in_flight())
+    server = WorkerServer(
+        Dispatcher(service), output, settings.worker_threads, settings.max_concurrent_requests
+    )
     logger.info("worker ready (pid %d, data %s)", os.getpid(), settings.database_path)
     server.write(ready_line(os.getpid()))
     drained = False

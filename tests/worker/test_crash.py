@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from tests.conftest import DOCUMENTS, ROOT
 from tests.worker.crash_worker import SIGNAL_FILE_ENV
@@ -183,12 +182,6 @@ def test_killed_inside_the_write_transaction_keeps_the_prior_ingest_and_adds_not
         after.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 defect 4: the ingest commits the collection row in a transaction of its own before "
-    "the documents' transaction (Ingestor.ingest -> store.create_collection); remove this mark once the "
-    "collection row is written in the ingest's transaction",
-)
 def test_killed_inside_the_first_ingest_leaves_no_collection_behind(tmp_path: Path) -> None:
     data = tmp_path / "data"
     database = data / DATABASE
