@@ -38,6 +38,9 @@ BULK_SLICE_CHARS = 16_000
 """Characters of text per turn of bulk work on the encode thread (16 chunks, or hundreds of short names):
 the most work a query's encode waits for (see map_bulk)."""
 
+QUERY_WINDOW_S = 1.0
+"""For this long after a query's encode, bulk work leaves one core to the queries (see _use_threads)."""
+
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -129,6 +132,7 @@ class Embedder:
         self._model: Any = None
         self._dimension: int | None = None
         self._batch_threads = 0
+        self._last_query = float("-inf")  # when a query's encode last ran (monotonic clock)
         self._ready = threading.Event()
         # Every model call runs on this one thread; queries' encodes go ahead of bulk slices.
         self._encode_thread = EncodeQueue("encode")
@@ -260,7 +264,7 @@ class Embedder:
         self.wait_ready()
 
         def run(model: Any, part: list[_I]) -> _T:
-            self._use_threads(single=len(part) == 1)
+            self._use_threads(single=len(part) == 1, bulk=True)
             result = task(model, part)
             self.bulk_slices_run += 1
             release_freed_memory()
@@ -300,17 +304,28 @@ class Embedder:
 
         return self._encode_thread.submit(Priority.URGENT, run, self._model)
 
-    def _use_threads(self, *, single: bool) -> None:
+    def _use_threads(self, *, single: bool, bulk: bool = False) -> None:
         """One torch thread for one text, every core for a batch (called on the encode thread only).
 
         A query is too small to split: with two or more OpenMP threads it waits at every layer for the
         slowest one, and on a busy machine that straggler turns a 20 ms encode into hundreds of ms
         (measured on the 2-core VM: p95 74 ms on one thread against 950 ms on two while other jobs ran;
-        equal medians when idle). A batch has enough work to keep every core busy.
+        equal medians when idle). A batch has enough work to keep every core busy, except that bulk work
+        (ingest) leaves one core free while queries are arriving: on every core it starves their search
+        and SQL, which run on the request threads (rag_basic during an ingest on the 2-core VM: median
+        4.9x idle with bulk on both cores, 2x with one; docs/benchmarks.md).
         """
         import torch
 
-        wanted = QUERY_THREADS if single else self._batch_threads
+        now = time.monotonic()
+        if single and not bulk:
+            self._last_query = now
+        if single:
+            wanted = QUERY_THREADS
+        elif bulk and now - self._last_query < QUERY_WINDOW_S:
+            wanted = max(1, self._batch_threads - 1)
+        else:
+            wanted = self._batch_threads
         if wanted and torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
 

@@ -28,7 +28,8 @@ def server(
     repo_root: Path, server_entry: Path, server_env: dict[str, str], tmp_path: Path
 ) -> Iterator[RawServer]:
     # One call at a time: a second call waits for a slot, which is where a deep frame used to kill Node.
-    limits = {"MAX_CONCURRENT_REQUESTS": "1", "REQUEST_TIMEOUT_MS": "600000"}
+    # A cancelled call keeps its slot until the worker really stops it (no grace period frees it early).
+    limits = {"MAX_CONCURRENT_REQUESTS": "1", "REQUEST_TIMEOUT_MS": "600000", "CANCEL_GRACE_MS": "600000"}
     env = {**server_env, **limits, "RAG_DATA_DIR": str(tmp_path / "data")}
     raw = RawServer(repo_root, server_entry, env)
     yield raw
@@ -122,5 +123,24 @@ def test_a_cancelled_call_is_never_answered_and_a_queued_one_never_runs(server: 
         server.wait(queued, timeout=2)  # per MCP, no response after a cancel
     _, listed = server.tool_body(server.call_tool("rag_list_collections", {}), timeout=PROMPT_S)
     assert [c["id"] for c in listed["collections"]] == ["slow"], "the cancelled ingest wrote nothing"
+    _, metrics = server.tool_body(server.call_tool("rag_metrics", {"time_range": "1h"}), timeout=PROMPT_S)
+    assert metrics["by_tool"]["rag_ingest"]["error_codes"] == {"REQUEST_CANCELLED": 1}
+
+
+def test_a_running_ingest_cancelled_by_the_client_stops_and_writes_nothing(server: RawServer) -> None:
+    # Big enough to run for minutes with every technique's index; a cancel must stop it at its next slice.
+    documents = _slow_documents(120)
+    ingest = server.call_tool("rag_ingest", {"collection_id": "cancelled", "documents": documents})
+    time.sleep(3)  # the worker has it: loading the model or encoding
+    cancel = {"requestId": ingest, "reason": "the user pressed stop"}
+    server.send_line(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}))
+    # The only slot (MAX_CONCURRENT_REQUESTS=1) is freed when the worker stops the ingest, not before.
+    probe = server.call_tool("rag_basic", {"query": "q", "collection_id": "cancelled"})
+    is_error, body = server.tool_body(probe, timeout=60)
+    assert is_error and body["error"]["code"] == "COLLECTION_NOT_FOUND", body
+    with pytest.raises(TimeoutError):
+        server.wait(ingest, timeout=1)  # per MCP, no response after a cancel
+    _, listed = server.tool_body(server.call_tool("rag_list_collections", {}), timeout=PROMPT_S)
+    assert listed["collections"] == [], "a cancelled first ingest leaves no collection behind"
     _, metrics = server.tool_body(server.call_tool("rag_metrics", {"time_range": "1h"}), timeout=PROMPT_S)
     assert metrics["by_tool"]["rag_ingest"]["error_codes"] == {"REQUEST_CANCELLED": 1}

@@ -77,3 +77,28 @@ def test_bulk_encode_gives_the_same_vectors_in_the_same_order(embedder: Embedder
     assert bulk.shape == (count, embedder.dimension)
     one_by_one = np.stack([embedder.encode_query(t) for t in texts])
     np.testing.assert_allclose(bulk, one_by_one, atol=1e-5)
+
+
+def test_bulk_work_leaves_a_core_to_queries_only_while_they_arrive(
+    embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from iris_rag.models import embedder as embedder_module
+
+    every_core = embedder._batch_threads
+    if every_core < 2:
+        pytest.skip("one core: there is no core to leave free")
+
+    def threads_per_slice() -> list[int]:
+        half = embedder.bulk_slice_chars // 2  # two items per slice: a one-item slice runs as a query does
+        return embedder.map_bulk(
+            lambda _model, _part: torch.get_num_threads(), [1, 2, 3, 4], cost=lambda _: half
+        )
+
+    monkeypatch.setattr(embedder, "_last_query", float("-inf"))
+    assert threads_per_slice() == [every_core, every_core], "no query lately: bulk work uses every core"
+    embedder.encode_query("insulin and diabetes")
+    assert threads_per_slice() == [every_core - 1, every_core - 1], "a query just ran: one core left free"
+    monkeypatch.setattr(embedder_module, "QUERY_WINDOW_S", 0.0)
+    assert threads_per_slice() == [every_core, every_core], "past the window: every core again"
