@@ -304,6 +304,19 @@ class Embedder:
 
         return self._encode_thread.submit(Priority.URGENT, run, self._model)
 
+    def word_piece_counts(self, texts: list[str]) -> list[int]:
+        """Word pieces per text, counted on the encode thread in one task.
+
+        The fast tokenizer is shared with the encoder and is not thread-safe: tokenize() on a request
+        thread resets the padding the encode thread has just set for a batch, which then fails with
+        "Unable to create tensor" (issue 11, defect 9). So it is only ever used on the encode thread.
+        """
+        if not texts:
+            return []
+        return self.run_with_model(
+            lambda model: [len(model.tokenizer.tokenize(text)) for text in texts], single=True
+        ).result()
+
     def _use_threads(self, *, single: bool, bulk: bool = False) -> None:
         """One torch thread for one text, every core for a batch (called on the encode thread only).
 

@@ -140,13 +140,7 @@ class ColbertPipeline(Pipeline):
 
         query_tokens = encoding.tokens
         query_words = self.encoder.token_strings(query_tokens.token_ids.tolist())
-        # The tokenizer is shared with the encode thread and is not thread-safe (see hyde): count there.
-        full_length = (
-            self.encoder.embedder.run_with_model(
-                lambda model: len(model.tokenizer.tokenize(query)), single=True
-            ).result()
-            + 2
-        )
+        full_length = self.encoder.embedder.word_piece_counts([query])[0] + 2
 
         rows, weights = query_tokens.vectors, np.ones(len(query_words), dtype=np.float32)
         self._score(candidates, rows, weights, params)

@@ -225,18 +225,8 @@ class HydePipeline(Pipeline):
         return self.token_counts([text])[0]
 
     def token_counts(self, texts: list[str]) -> list[int]:
-        """Word pieces per text, counted on the encode thread in one task.
-
-        The fast tokenizer is shared with the encoder and is not thread-safe: tokenize() on a request
-        thread resets the padding the encode thread has just set for a batch, which then fails with
-        "Unable to create tensor" (issue 11, defect 9). So it is only ever used on the encode thread.
-        """
-        if not texts:
-            return []
-        task = self.context.embedder.run_with_model(
-            lambda model: [len(model.tokenizer.tokenize(text)) for text in texts], single=True
-        )
-        return task.result()
+        """Word pieces per text (counted where the shared tokenizer is safe to use)."""
+        return self.context.embedder.word_piece_counts(texts)
 
     def cut(self, text: str, length: int) -> str:
         """The text cut to at most `length` tokens: whole sentences (the first cut if it alone is longer)."""
