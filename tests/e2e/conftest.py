@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+INITIALIZE_TIMEOUT_S = 120  # the worker starts with the server; a busy machine is slow to start it
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +41,20 @@ def server_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "RAG_DATA_DIR": str(tmp_path_factory.mktemp("rag-data")),
         "IRIS_RAG_PYTHON": os.environ.get("IRIS_RAG_PYTHON", sys.executable),
     }
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def session(
+    repo_root: Path, server_entry: Path, server_env: dict[str, str]
+) -> AsyncIterator[ClientSession]:
+    """One real server per test module, spawned as an MCP host does, through the official client."""
+    params = StdioServerParameters(command="node", args=[str(server_entry)], env=server_env, cwd=repo_root)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        with anyio.fail_after(INITIALIZE_TIMEOUT_S):
+            await client.initialize()
+        yield client

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp import ClientSession
 from mcp.types import TextContent
 
 from iris_rag.models.embedder import Embedder
@@ -31,22 +29,6 @@ PENGUIN = {
 }
 QUERY = "How do emperor penguins incubate their eggs in Antarctica?"
 TOOLS = ("rag_basic", "rag_hybrid_ifind", "rag_noderag", "rag_graphrag", "rag_colbert")
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-async def session(
-    repo_root: Path, server_entry: Path, server_env: dict[str, str]
-) -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command="node", args=[str(server_entry)], env=server_env, cwd=repo_root)
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
-        with anyio.fail_after(CALL_TIMEOUT_S):
-            await client.initialize()
-        yield client
 
 
 async def call(session: ClientSession, name: str, arguments: dict[str, Any]) -> dict[str, Any]:

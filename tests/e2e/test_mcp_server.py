@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp import ClientSession
 from mcp.types import CallToolResult, TextContent
 
 from iris_rag.schemas import tool_specs
@@ -39,22 +36,6 @@ DOCUMENTS = [
 # Every technique the server serves, each checked end to end below.
 TECHNIQUE_TOOLS = {spec["name"] for spec in tool_specs() if "technique" in spec["bridge"]}
 CALL_TIMEOUT_S = 120  # the first ingest also loads the embedding model
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-async def session(
-    repo_root: Path, server_entry: Path, server_env: dict[str, str]
-) -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command="node", args=[str(server_entry)], env=server_env, cwd=repo_root)
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
-        with anyio.fail_after(CALL_TIMEOUT_S):
-            await client.initialize()
-        yield client
 
 
 async def call(
