@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from bench.common import SAMPLE, machine, median, read_jsonl, write
+from iris_rag.embedder import Embedder
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.ingestor import Ingestor, embedding_text
 from iris_rag.ingestion.loaders import SourceDocument
-from iris_rag.models.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 

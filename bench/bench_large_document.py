@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from bench.common import SCIFACT, machine, read_jsonl, write
+from iris_rag.embedder import Embedder
 from iris_rag.ingestion.loaders import SourceDocument
-from iris_rag.models.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 

@@ -26,8 +26,11 @@ from iris_rag.evaluation.beir import load_beir
 from iris_rag.evaluation.collection import collection_name, ensure_collection
 from iris_rag.evaluation.harness import document_ranking
 from iris_rag.evaluation.metrics import score_queries
-from iris_rag.pipelines.base import QueryOptions, RetrievedDocument
-from iris_rag.pipelines.crag import (
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+from iris_rag.stores.base import CollectionInfo
+from iris_rag.techniques.base import QueryOptions, RetrievedDocument
+from iris_rag.techniques.crag import (
     CANDIDATE_POOL,
     EVALUATOR_DEPTH,
     EVALUATOR_WEIGHTS,
@@ -36,9 +39,6 @@ from iris_rag.pipelines.crag import (
     FirstPass,
     Verdict,
 )
-from iris_rag.service import RagService
-from iris_rag.settings import Settings
-from iris_rag.stores.base import CollectionInfo
 
 Matrix = npt.NDArray[np.float64]
 CANDIDATES = ["top1", *EVALUATOR_WEIGHTS]
@@ -156,7 +156,7 @@ def main() -> int:
         if mask.any():
             share, mean = y[mask].mean(), p_cv[mask].mean()
             print(f"  [{low:.1f}, {min(high, 1):.1f}): {mask.sum():4d}  {mean:.3f}  {share:.3f}")
-    print("\nconstants for iris_rag/pipelines/crag.py:")
+    print("\nconstants for iris_rag/techniques/crag.py:")
     print(f"EVALUATOR_INTERCEPT = {weights[0]:.6f}")
     print("EVALUATOR_WEIGHTS: dict[str, float] = {")
     for name, value in zip(EVALUATOR_WEIGHTS, weights[1:], strict=True):

@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 from tqdm import tqdm
 
+from iris_rag.embedder import Embedder, resolve_model_path
 from iris_rag.errors import RagError
 from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
-from iris_rag.models.embedder import Embedder, resolve_model_path
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -73,7 +73,7 @@ def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
 def cmd_ingest_table(args: argparse.Namespace, service: RagService) -> int:
     """Load a CSV or JSON-lines file as structured table t_<table> for rag_sqlrag (replacing it)."""
     from iris_rag.errors import PipelineNotFoundError
-    from iris_rag.pipelines.sqlrag import SqlRagPipeline
+    from iris_rag.techniques.sqlrag.pipeline import SqlRagPipeline
 
     pipeline = service.pipelines.get(SqlRagPipeline.technique)
     if not isinstance(pipeline, SqlRagPipeline):

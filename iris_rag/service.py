@@ -10,18 +10,18 @@ from functools import cached_property
 from typing import Any
 
 from iris_rag import __version__
+from iris_rag.embedder import Embedder
 from iris_rag.errors import CollectionNotFoundError, DocumentNotFoundError, PipelineNotFoundError
+from iris_rag.generation import create_generator
 from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
-from iris_rag.models.embedder import Embedder
-from iris_rag.models.generators import create_generator
-from iris_rag.models.llm_health import LlmProbe
+from iris_rag.llm_health import LlmProbe
 from iris_rag.monitor import Monitor
-from iris_rag.pipelines.base import PipelineContext, TechniqueRequest
-from iris_rag.pipelines.registry import PIPELINES
 from iris_rag.schemas import served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
 from iris_rag.stores.factory import create_store
+from iris_rag.techniques.base import PipelineContext, TechniqueRequest
+from iris_rag.techniques.registry import PIPELINES
 from iris_rag.validation import validate_arguments
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from iris_rag.models.embedder import Embedder
+from iris_rag.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import PACKAGED_MODEL_NAME, Settings
 

@@ -12,7 +12,7 @@ import pytest
 from iris_rag.monitor import Monitor
 from iris_rag.service import RagService
 from iris_rag.stores.base import CallRecord
-from iris_rag.stores.sqlite import SqliteStore
+from iris_rag.stores.sqlite.store import SqliteStore
 
 
 def test_windows_percentiles_and_restart(tmp_path: Path) -> None:

@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 
 from iris_rag.ingestion.ingestor import COLLECTION_ID
-from iris_rag.pipelines.hybrid_ifind import HybridParams
-from iris_rag.pipelines.keyword_query import match_expression
+from iris_rag.retrieval.keyword import match_expression
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.stores.base import ChunkInput, DocumentInput
 from iris_rag.stores.filters import parse_filters
-from iris_rag.stores.sqlite import (
+from iris_rag.stores.sqlite.store import (
     SqliteStore,
     content_fts_table,
     fts_table,
     title_fts_table,
     vocabulary_table,
 )
+from iris_rag.techniques.hybrid_ifind import HybridParams
 
 DIM = 8
 K1, B = 1.2, 0.75

@@ -2,9 +2,9 @@
 
 import re
 
-from iris_rag.pipelines.base import QueryOptions, TechniqueRequest
-from iris_rag.pipelines.registry import PIPELINES
 from iris_rag.schemas import technique_tools, tool_spec, tool_specs
+from iris_rag.techniques.base import QueryOptions, TechniqueRequest
+from iris_rag.techniques.registry import PIPELINES
 
 
 def _no_refs(node: object) -> bool:

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from iris_rag.embedder import Embedder
 from iris_rag.errors import DocumentNotFoundError
-from iris_rag.models.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS, ask
-from tests.models.fake_openai import FakeOpenAIServer
+from tests.fake_openai import FakeOpenAIServer
 
 
 def test_one_bad_document_does_not_stop_the_others(service: RagService) -> None:

@@ -13,14 +13,14 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.cancellation import check_cancelled
+from iris_rag.embedder import Embedder
 from iris_rag.errors import InvalidParametersError
-from iris_rag.indexes.base import ChunkEncoding, ChunkEncodingSource, TechniqueIndex
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.loaders import SourceDocument
-from iris_rag.models.embedder import Embedder
-from iris_rag.pipelines.base import check_embedding_model
 from iris_rag.settings import Settings
 from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore, NewCollection
+from iris_rag.stores.technique_index import ChunkEncoding, ChunkEncodingSource, TechniqueIndex
+from iris_rag.techniques.base import check_embedding_model
 
 MAX_ID_LENGTH = 256
 COLLECTION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # as common.json#/$defs/collection_id

@@ -12,7 +12,7 @@ import numpy.typing as npt
 from iris_rag.stores.filters import MetadataFilter
 
 if TYPE_CHECKING:
-    from iris_rag.indexes.base import TechniqueIndex
+    from iris_rag.stores.technique_index import TechniqueIndex
 
 # flat: one BM25 over title and content together (one document length). multifield: each field's own BM25
 # (own IDF and length normalization), combined as best field + 0.5 x the other (Elasticsearch best_fields).

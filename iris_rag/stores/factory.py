@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentStore
-from iris_rag.stores.sqlite import SqliteStore
+from iris_rag.stores.sqlite.store import SqliteStore
 
 
 def create_store(settings: Settings) -> DocumentStore:

@@ -19,7 +19,7 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 
 from iris_rag.errors import InvalidParametersError
 from iris_rag.stores.filters import parse_filters
-from iris_rag.structured.tables import MAX_COLUMNS
+from iris_rag.techniques.sqlrag.tables import MAX_COLUMNS
 
 REFUSAL_CODES = {"INVALID_PARAMETERS", "INVALID_QUERY"}
 # Codes that say the server failed, not the caller: no input, valid or not, may get one in the fuzz run

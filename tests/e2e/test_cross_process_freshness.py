@@ -13,7 +13,7 @@ import pytest
 from mcp import ClientSession
 from mcp.types import TextContent
 
-from iris_rag.models.embedder import Embedder
+from iris_rag.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS

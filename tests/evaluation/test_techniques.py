@@ -4,7 +4,7 @@ import pytest
 
 from iris_rag.errors import InvalidParametersError, PipelineNotFoundError
 from iris_rag.evaluation.techniques import VARIANTS, TechniqueSpec, available, parse_params, resolve
-from iris_rag.pipelines.hybrid_ifind import HybridParams
+from iris_rag.techniques.hybrid_ifind import HybridParams
 
 
 def test_unknown_technique_lists_the_valid_names() -> None:

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import iris_rag
-from iris_rag.graph.extraction import RuleExtractor
-from iris_rag.indexes.knowledge_graph import _unit_chunks
-from iris_rag.indexes.node_tree import build_tree, choose_key_sentences, leaf_texts
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.stores.base import ChunkInput, DocumentInput
+from iris_rag.techniques.graphrag.extraction import RuleExtractor
+from iris_rag.techniques.graphrag.index import _unit_chunks
+from iris_rag.techniques.noderag.index import build_tree, choose_key_sentences, leaf_texts
 from tests.conftest import SAMPLE_CORPUS
 
 PACKAGE = str(Path(iris_rag.__file__).parent)

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import iris_rag.stores.sqlite as sqlite_store
-from iris_rag.pipelines.keyword_query import match_expression
+import iris_rag.stores.sqlite.store as sqlite_store
+from iris_rag.retrieval.keyword import match_expression
 from iris_rag.service import RagService
 from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordScoring
-from iris_rag.stores.sqlite import (
+from iris_rag.stores.sqlite.store import (
     SqliteStore,
     content_fts_table,
     fts_table,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput
-from iris_rag.stores.sqlite import SqliteStore, fts_table
+from iris_rag.stores.sqlite.store import SqliteStore, fts_table
 
 DIM = 8
 

@@ -17,11 +17,11 @@ from typing import Any
 import orjson
 
 from iris_rag import service
-from iris_rag.indexes.base import TechniqueIndex
+from iris_rag.embedder import Embedder
 from iris_rag.ingestion.ingestor import Ingestor
-from iris_rag.models.embedder import Embedder
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentInput, DocumentStore
+from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.worker.server import main
 
 SIGNAL_FILE_ENV = "CRASH_TEST_SIGNAL_FILE"

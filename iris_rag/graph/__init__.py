@@ -1,1 +1,0 @@
-"""Knowledge-graph building blocks: entity and relation extraction (rules or an LLM)."""

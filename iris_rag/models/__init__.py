@@ -1,1 +1,0 @@
-"""Models: the embedding model and the answer generators."""

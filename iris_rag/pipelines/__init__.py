@@ -1,1 +1,0 @@
-"""Pipelines: one module per RAG technique, all filling the template in base.py."""

@@ -1,0 +1,1 @@
+"""Retrieval building blocks shared by techniques: keyword queries and score fusion."""

@@ -1,0 +1,293 @@
+"""The pipeline template: validate, retrieve, generate, measure, format. Techniques override retrieve()."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from iris_rag.cancellation import check_cancelled
+from iris_rag.embedder import Embedder
+from iris_rag.errors import (
+    CollectionNotFoundError,
+    EmbeddingMismatchError,
+    GenerationFailedError,
+    IndexNotBuiltError,
+    InvalidParametersError,
+    RagError,
+    RequestCancelledError,
+    RetrievalFailedError,
+)
+from iris_rag.generation import Generation, Generator, Passage
+from iris_rag.settings import Settings
+from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk
+from iris_rag.stores.filters import MetadataFilter, parse_filters
+from iris_rag.stores.technique_index import TechniqueIndex
+
+
+class QueryOptions(BaseModel):
+    """options{}: the same for every technique (schema: common.json#/$defs/options)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    top_k: int = Field(5, ge=1, le=50)
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(512, ge=1, le=8192)
+    include_sources: bool = True
+    min_similarity: float = Field(0.0, ge=0, le=1)
+    generate: bool = True
+    filters: dict[str, Any] | None = None
+
+
+class TechniqueRequest(BaseModel):
+    """A technique tool's arguments, after schema validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    query: str
+    collection_id: str | None = None
+    options: QueryOptions = QueryOptions()
+    technique_params: dict[str, Any] = Field(default_factory=dict)
+
+
+class NoParams(BaseModel):
+    """For techniques without technique_params."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(slots=True)
+class RetrievedDocument:
+    """One retrieved chunk, as every technique returns it."""
+
+    chunk: StoredChunk
+    score: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self, collection_id: str, rank: int) -> dict[str, Any]:
+        """The wire shape (common.json#/$defs/retrieved_document)."""
+        chunk = self.chunk
+        metadata = {
+            **chunk.metadata,
+            "chunk_index": chunk.index,
+            "start_char": chunk.start_char,
+            "end_char": chunk.end_char,
+        }
+        source = chunk.metadata.get("source")
+        return {
+            "id": chunk.document_id,
+            "chunk_id": chunk.chunk_id,
+            "title": chunk.title,
+            "content": chunk.content,
+            "metadata": metadata,
+            "similarity_score": round(self.score, 6),
+            "source": source if isinstance(source, str) else f"{collection_id}/{chunk.document_id}",
+            "rank": rank,
+            **({"score_details": self.details} if self.details else {}),
+        }
+
+
+@dataclass(slots=True)
+class Retrieval:
+    """What retrieve() found, and what the technique wants to report about how."""
+
+    documents: list[RetrievedDocument]
+    documents_searched: int
+    technique_specific: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineContext:
+    """The shared parts every pipeline uses, built once per worker."""
+
+    settings: Settings
+    store: DocumentStore
+    embedder: Embedder
+    generator: Generator
+
+
+class Pipeline(ABC):
+    """A RAG technique. Subclasses set `technique` and `params_model` and implement retrieve()."""
+
+    technique: ClassVar[str]
+    params_model: ClassVar[type[BaseModel]] = NoParams
+
+    def __init__(self, context: PipelineContext) -> None:
+        self.context = context
+
+    def technique_index(self) -> TechniqueIndex | None:
+        """The index this technique builds at ingest, if any: the same object on every call."""
+        return None
+
+    def extra_methods(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Bridge methods this technique adds besides execute (each backs a tool in schemas/tools/)."""
+        return {}
+
+    def require_index(self, collection: CollectionInfo) -> None:
+        """Refuse to search a collection that this technique's index does not fully cover."""
+        index = self.technique_index()
+        if index is None:
+            return
+        indexed = index.indexed_documents(self.context.store.connection(), collection.id)
+        if indexed < collection.document_count:
+            msg = (
+                f"collection {collection.id!r} has {collection.document_count} documents but the "
+                f"{self.technique} index covers {indexed}: it was ingested before this technique existed. "
+                f"Run `iris-rag reindex --collection {collection.id}` (no re-embedding: vectors are cached)"
+            )
+            raise IndexNotBuiltError(msg, {"indexed": indexed, "documents": collection.document_count})
+
+    @abstractmethod
+    def retrieve(
+        self, query: str, collection: CollectionInfo, options: QueryOptions, params: Any
+    ) -> Retrieval:
+        """Find the chunks for the query, best first (at most options.top_k)."""
+
+    def generate(self, query: str, documents: list[RetrievedDocument], options: QueryOptions) -> Generation:
+        """Write the answer from the retrieved chunks; citations are numbered by document."""
+        citations: dict[str, int] = {}
+        passages = [
+            Passage(
+                citation=citations.setdefault(doc.chunk.document_id, len(citations) + 1),
+                document_id=doc.chunk.document_id,
+                title=doc.chunk.title,
+                content=doc.chunk.content,
+                score=doc.score,
+            )
+            for doc in documents
+        ]
+        return self.context.generator.generate(
+            query, passages, temperature=options.temperature, max_tokens=options.max_tokens
+        )
+
+    # The template
+    def run(self, request: TechniqueRequest) -> dict[str, Any]:
+        """Validate, retrieve, generate, measure and format one request."""
+        started = time.perf_counter()
+        params = self._parse_params(request.technique_params)
+        collection = self.resolve_collection(request.collection_id)
+        options = request.options
+        metadata_filter = parse_filters(options.filters)
+
+        check_cancelled()
+        try:
+            retrieval = self.retrieve(request.query, collection, options, params)
+        except RagError:
+            raise
+        except Exception as exc:
+            msg = f"{self.technique} retrieval failed: {type(exc).__name__}: {exc}"
+            raise RetrievalFailedError(msg) from exc
+        # min_similarity 0 (the default) filters nothing: cosine can be negative, and top_k is what was asked.
+        threshold = options.min_similarity
+        documents = [d for d in retrieval.documents if threshold == 0 or d.score >= threshold][
+            : options.top_k
+        ]
+        retrieved_at = time.perf_counter()
+
+        generation: Generation | None = None
+        error: RagError | None = None
+        if options.generate:
+            check_cancelled()  # between retrieval and the (possibly slow) generation
+            try:
+                generation = self.generate(request.query, documents, options)
+            except RequestCancelledError:
+                raise
+            except RagError as exc:
+                error = exc
+            except Exception as exc:
+                error = GenerationFailedError(f"{type(exc).__name__}: {exc}")
+        finished = time.perf_counter()
+
+        response: dict[str, Any] = {
+            "success": error is None,
+            "technique": self.technique,
+            "query": request.query,
+            "answer": generation.answer if generation else None,
+            "retrieved_documents": [
+                doc.to_dict(collection.id, rank) for rank, doc in enumerate(documents, start=1)
+            ]
+            if options.include_sources
+            else [],
+            "performance": {
+                "total_time_ms": _ms(finished - started),
+                "retrieval_time_ms": _ms(retrieved_at - started),
+                "generation_time_ms": _ms(finished - retrieved_at),
+                "documents_searched": retrieval.documents_searched,
+            },
+            "metadata": {
+                "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "collection_id": collection.id,
+                "model_info": {
+                    "embedding_model": collection.embedding_model,
+                    "llm_model": generation.model if generation else self.context.generator.model_name,
+                },
+                "answer_source": generation.source if generation else "none",
+                "technique_specific": retrieval.technique_specific,
+            },
+        }
+        if metadata_filter is not None:
+            response["metadata"]["filters"] = self._filter_report(collection.id, metadata_filter, options)
+        if error is not None:
+            response["error"] = error.to_dict()
+            raise GenerationFailedError(error.message, {"partial_result": response})
+        return response
+
+    def _filter_report(
+        self, collection_id: str, metadata_filter: MetadataFilter, options: QueryOptions
+    ) -> Any:
+        """What the filter did: how many documents passed it, and which fields no document has."""
+        store = self.context.store
+        unknown = store.unknown_fields(collection_id, metadata_filter.fields)
+        report: dict[str, Any] = {
+            "applied": options.filters,
+            "matched_documents": len(store.matching_document_ids(collection_id, metadata_filter)),
+            "unknown_fields": unknown,
+        }
+        if unknown:
+            report["note"] = f"no document has {', '.join(unknown)} in its metadata, so nothing matches"
+        return report
+
+    def _parse_params(self, raw: dict[str, Any]) -> Any:
+        try:
+            return self.params_model.model_validate(raw)
+        except ValidationError as exc:
+            msg = f"invalid technique_params for {self.technique}: {exc.errors(include_url=False)}"
+            raise InvalidParametersError(msg) from exc
+
+    def resolve_collection(self, collection_id: str | None) -> CollectionInfo:
+        """The collection to search; it must exist and match the loaded embedding model."""
+        name = collection_id or self.context.settings.default_collection
+        collection = self.context.store.get_collection(name)
+        if collection is None:
+            known = [c.id for c in self.context.store.list_collections()]
+            msg = f"collection {name!r} does not exist (known: {', '.join(known) or 'none'}); ingest first"
+            raise CollectionNotFoundError(msg, {"collection_id": name, "known_collections": known})
+        check_embedding_model(collection, self.context.settings.embedding_model)
+        return collection
+
+
+def check_embedding_model(collection: CollectionInfo, model_name: str) -> None:
+    """Vectors from two models are not comparable: refuse rather than return nonsense."""
+    if collection.embedding_model != model_name:
+        msg = (
+            f"collection {collection.id!r} was built with embedding model {collection.embedding_model!r} "
+            f"({collection.dimension} dimensions) but the server is configured with {model_name!r}; "
+            "set EMBEDDING_MODEL to the collection's model or ingest into a new collection"
+        )
+        raise EmbeddingMismatchError(
+            msg,
+            {
+                "collection_model": collection.embedding_model,
+                "configured_model": model_name,
+                "collection_dimension": collection.dimension,
+            },
+        )
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)

@@ -1,0 +1,1 @@
+"""ColBERT: token-level late interaction (index.py keeps the token vectors; pipeline.py reranks)."""

@@ -1,0 +1,478 @@
+"""Token vectors for late interaction (rag_colbert): encoded at ingest, compressed, one BLOB per chunk.
+
+Each chunk's text (title + chunk, as embedded for dense search) goes through the embedding model's
+transformer; the last hidden state of every word piece, minus special and punctuation tokens, is
+unit-normalized, projected to TOKEN_DIMENSION dimensions by a fixed orthonormal projection, normalized
+again and int8-quantized with one scale per chunk. The word-piece ids are kept next to the vectors
+(uint16): they order a chunk's tokens by informativeness at query time (collection IDF, from the
+document-frequency table this index keeps) and name the tokens that matched.
+
+Stored per token: TOKEN_DIMENSION bytes of codes + 2 bytes of id; per chunk: a 4-byte scale.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from iris_rag.embedder import Embedder
+from iris_rag.ingestion.ingestor import embedding_text
+from iris_rag.stores.base import DocumentInput
+from iris_rag.stores.technique_index import ChunkEncoding
+
+TOKEN_DIMENSION = 96
+"""Dimensions kept per token vector after projection (int8 each)."""
+MAX_DOCUMENT_TOKENS = 512
+"""Word pieces encoded per chunk (the model's position limit); longer chunks are cut."""
+PROJECTION_SEED = 20240611
+"""Seed of the fixed random orthonormal projection: the same for every collection and every run."""
+TABLE = "colbert_token_vectors"
+DF_TABLE = "colbert_token_df"
+
+Floats = npt.NDArray[np.float32]
+Ids = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenVectors:
+    """One text's kept word pieces: their ids and unit vectors in the projected space, in text order."""
+
+    token_ids: Ids
+    vectors: Floats
+    truncated: bool = False
+    # The text's dense embedding from the same pass (encode(with_dense=True)), when it is exact; else None.
+    dense: Floats | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTokens:
+    """A chunk's stored token vectors, as read back: int8 codes times one scale."""
+
+    chunk_id: str
+    document_id: str
+    token_ids: Ids
+    codes: npt.NDArray[np.int8]
+    scale: float
+
+    @property
+    def token_count(self) -> int:
+        """How many token vectors are stored for the chunk."""
+        return int(self.token_ids.shape[0])
+
+    def vectors(self) -> Floats:
+        """The dequantized vectors (rows of unit length up to quantization error)."""
+        result: Floats = self.codes.astype(np.float32) * np.float32(self.scale)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChunk:
+    """One row to write: a chunk's quantized token vectors."""
+
+    document_id: str
+    chunk_id: str
+    token_ids: bytes
+    codes: bytes
+    scale: float
+    token_count: int
+    truncated: bool
+
+
+def quantize(vectors: Floats) -> tuple[npt.NDArray[np.int8], float]:
+    """Symmetric int8 quantization with one scale: the largest magnitude maps to 127."""
+    peak = float(np.abs(vectors).max()) if vectors.size else 0.0
+    scale = peak / 127.0 if peak > 0 else 1.0
+    codes = np.clip(np.rint(vectors / scale), -127, 127).astype(np.int8)
+    return codes, scale
+
+
+def orthonormal_projection(source: int, target: int, seed: int = PROJECTION_SEED) -> Floats:
+    """A fixed random source x target matrix with orthonormal columns (Johnson-Lindenstrauss style)."""
+    if target >= source:
+        return np.eye(source, dtype=np.float32)
+    gaussian = np.random.default_rng(seed).standard_normal((source, target))
+    q, r = np.linalg.qr(gaussian)
+    # Fix the signs so the matrix is unique for the seed whatever the LAPACK build.
+    q = q * np.sign(np.diag(r))
+    return np.ascontiguousarray(q, dtype=np.float32)
+
+
+def _unit(rows: Floats) -> Floats:
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    result: Floats = (rows / np.maximum(norms, 1e-12)).astype(np.float32)
+    return result
+
+
+def _is_punctuation(token: str) -> bool:
+    text = token.removeprefix("##")
+    return bool(text) and all(unicodedata.category(ch)[0] in "PS" for ch in text)
+
+
+class TokenEncoder:
+    """Word-piece vectors from the shared embedding model's transformer (its last hidden state)."""
+
+    def __init__(self, embedder: Embedder, dimension: int = TOKEN_DIMENSION) -> None:
+        self.embedder = embedder
+        self.dimension = dimension
+        self._lock = threading.Lock()
+        self._projection: Floats | None = None
+        self._skip: npt.NDArray[np.bool_] | None = None
+
+    def _setup(self) -> tuple[Floats, npt.NDArray[np.bool_]]:
+        with self._lock:
+            if self._projection is None or self._skip is None:
+                tokenizer = self.embedder.tokenizer
+                tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+                skip = np.array([_is_punctuation(str(t)) for t in tokens], dtype=bool)
+                skip[list(tokenizer.all_special_ids)] = True
+                self._skip = skip
+                self._projection = orthonormal_projection(self.embedder.dimension, self.dimension)
+            return self._projection, self._skip
+
+    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """The word pieces the ids stand for ('##' marks a continuation)."""
+        return [str(t) for t in self.embedder.tokenizer.convert_ids_to_tokens([int(i) for i in token_ids])]
+
+    @property
+    def vocabulary_size(self) -> int:
+        """How many word-piece ids the tokenizer has."""
+        return len(self.embedder.tokenizer)
+
+    def encode(
+        self,
+        texts: list[str],
+        *,
+        max_length: int = MAX_DOCUMENT_TOKENS,
+        batch_size: int | None = None,
+        with_dense: bool = False,
+    ) -> list[TokenVectors]:
+        """Each text's kept word pieces (no special or punctuation tokens), projected and unit-length.
+
+        Bulk work on the encode thread (Embedder.map_bulk): in slices, behind every query's encode.
+        `with_dense`: also give each text's dense embedding from the same hidden state, where that is
+        exactly what Embedder.encode computes (see dense_from_hidden); the ingest then skips its own pass.
+        """
+        if not texts:
+            return []
+        projection, skip = self._setup()
+        batch = batch_size or self.embedder.batch_size
+        tokenizer = self.embedder.tokenizer
+        results: list[TokenVectors | None] = [None] * len(texts)
+
+        def run(model: Any, order: list[int]) -> None:
+            import torch
+
+            transformer = model[0].auto_model
+            dense_limit = _dense_limit(model, max_length) if with_dense else 0
+            with torch.inference_mode():
+                for start in range(0, len(order), batch):
+                    positions = order[start : start + batch]
+                    encoded = tokenizer(
+                        # Stripped, as sentence-transformers does, so both passes see the same ids.
+                        [texts[i].strip() for i in positions],
+                        padding=True,
+                        truncation=True,
+                        max_length=max_length,
+                        return_tensors="pt",
+                        return_overflowing_tokens=False,
+                        return_length=False,
+                    )
+                    inputs = {k: v.to(transformer.device) for k, v in encoded.items()}
+                    hidden = transformer(**inputs).last_hidden_state.float().cpu().numpy()
+                    ids = encoded["input_ids"].numpy()
+                    mask = encoded["attention_mask"].numpy().astype(bool)
+                    for row, position in enumerate(positions):
+                        row_ids = ids[row][mask[row]].astype(np.int64)
+                        keep = ~skip[row_ids]
+                        states = hidden[row][mask[row]]
+                        vectors = _unit(states[keep])
+                        projected = _unit(vectors @ projection) if vectors.size else vectors[:, :0]
+                        results[position] = TokenVectors(
+                            row_ids[keep],
+                            np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
+                            truncated=bool(mask[row].all()) and len(row_ids) >= max_length,
+                            dense=dense_from_hidden(states) if len(row_ids) < dense_limit else None,
+                        )
+
+        # Similar lengths sliced and batched together: padding is wasted work.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        self.embedder.map_bulk(run, order, cost=lambda i: len(texts[i]))
+        return [r for r in results if r is not None]
+
+    def encode_query(self, query: str, *, max_length: int) -> Future[QueryEncoding]:
+        """One forward pass of the query for both its token vectors and its dense embedding.
+
+        The dense embedding is the mean of the same last hidden state, normalized: exactly what
+        Embedder.encode_query computes (up to float rounding) when the model is mean-pooled and normalized
+        and the query fits both length limits; otherwise `dense` is None and the caller embeds it apart.
+        """
+        projection, skip = self._setup()
+        tokenizer = self.embedder.tokenizer
+
+        def run(model: Any) -> QueryEncoding:
+            import torch
+
+            transformer = model[0].auto_model
+            # sentence-transformers strips the text before tokenizing; so must this, to see the same ids.
+            encoded = tokenizer([query.strip()], truncation=True, max_length=max_length, return_tensors="pt")
+            with torch.inference_mode():
+                inputs = {k: v.to(transformer.device) for k, v in encoded.items()}
+                hidden = transformer(**inputs).last_hidden_state[0].float().cpu().numpy()
+            ids = encoded["input_ids"][0].numpy().astype(np.int64)
+            keep = ~skip[ids]
+            vectors = _unit(hidden[keep])
+            projected = _unit(vectors @ projection) if vectors.size else vectors[:, :0]
+            tokens = TokenVectors(
+                ids[keep],
+                np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
+                truncated=len(ids) >= max_length,
+            )
+            exact = len(ids) < _dense_limit(model, max_length)
+            return QueryEncoding(dense_from_hidden(hidden) if exact else None, tokens)
+
+        return self.embedder.run_with_model(run, single=True)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryEncoding:
+    """A query's token vectors and, when one forward pass could give it exactly, its dense embedding."""
+
+    dense: Floats | None
+    tokens: TokenVectors
+
+
+def dense_from_hidden(states: Floats) -> Floats:
+    """A text's sentence embedding from its unpadded last hidden state: mean over every token, unit length.
+
+    Equal (up to float rounding) to what Embedder.encode returns when the model is transformer → mean
+    pooling → normalize (_mean_pooled) and the text was not cut shorter than the model would cut it.
+    """
+    mean = states.mean(axis=0)
+    dense: Floats = (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
+    return dense
+
+
+def _dense_limit(model: Any, max_length: int) -> int:
+    """Below this many word pieces, a text's hidden states give its exact dense embedding (0: never).
+
+    Both cuts must leave the text whole: this pass's max_length and the model's own max_seq_length.
+    """
+    return min(max_length, model.max_seq_length) if _mean_pooled(model) else 0
+
+
+def _mean_pooled(model: Any) -> bool:
+    """Whether the sentence-transformers model is transformer → mean pooling → normalize, nothing else."""
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    modules = list(model)
+    return (
+        len(modules) == 3
+        and isinstance(modules[0], Transformer)
+        and not getattr(modules[0], "do_lower_case", False)
+        and isinstance(modules[1], Pooling)
+        and modules[1].get_config_dict().get("pooling_mode") == "mean"
+        and isinstance(modules[2], Normalize)
+    )
+
+
+class TokenVectorIndex:
+    """The TechniqueIndex of rag_colbert: per-chunk token vectors and the collection's token frequencies."""
+
+    name = "colbert_tokens"
+
+    def __init__(self, encoder: TokenEncoder) -> None:
+        self.encoder = encoder
+
+    def create_tables(self, connection: sqlite3.Connection) -> None:
+        """One row per chunk (vectors and ids as BLOBs), and chunk frequencies per word piece."""
+        connection.execute(
+            f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+                collection_id TEXT NOT NULL,
+                chunk_id      TEXT NOT NULL,
+                document_id   TEXT NOT NULL,
+                token_count   INTEGER NOT NULL,
+                dimension     INTEGER NOT NULL,
+                scale         REAL NOT NULL,
+                token_ids     BLOB NOT NULL,
+                vectors       BLOB NOT NULL,
+                PRIMARY KEY (collection_id, chunk_id)
+            ) WITHOUT ROWID"""
+        )
+        connection.execute(
+            f"CREATE INDEX IF NOT EXISTS {TABLE}_by_document ON {TABLE}(collection_id, document_id)"
+        )
+        connection.execute(
+            f"""CREATE TABLE IF NOT EXISTS {DF_TABLE} (
+                collection_id TEXT NOT NULL,
+                token_id      INTEGER NOT NULL,
+                chunks        INTEGER NOT NULL,
+                PRIMARY KEY (collection_id, token_id)
+            ) WITHOUT ROWID"""
+        )
+
+    def encode_chunks(self, texts: list[str]) -> list[ChunkEncoding]:
+        """The ingest's one forward pass: token vectors for prepare(), and dense vectors where exact."""
+        return [ChunkEncoding(t.dense, t) for t in self.encoder.encode(texts, with_dense=True)]
+
+    def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[PreparedChunk]:
+        """Quantize each chunk's token vectors (title + chunk text, as embedded); encode those not given."""
+        chunks = [(d, c) for d in documents for c in d.chunks]
+        keys = [(d.id, f"{d.id}#{c.index}") for d, c in chunks]
+        given = [c.tokens if isinstance(c.tokens, TokenVectors) else None for _, c in chunks]
+        todo = [i for i, tokens in enumerate(given) if tokens is None]
+        texts = [embedding_text(chunks[i][0].title, chunks[i][1].content) for i in todo]
+        for i, tokens in zip(todo, self.encoder.encode(texts), strict=True):
+            given[i] = tokens
+        encoded = [t for t in given if t is not None]
+        id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
+        prepared = []
+        for (document_id, chunk_id), tokens in zip(keys, encoded, strict=True):
+            codes, scale = quantize(tokens.vectors)
+            prepared.append(
+                PreparedChunk(
+                    document_id,
+                    chunk_id,
+                    tokens.token_ids.astype(id_type).tobytes(),
+                    codes.tobytes(),
+                    scale,
+                    int(tokens.token_ids.shape[0]),
+                    tokens.truncated,
+                )
+            )
+        return prepared
+
+    def write(
+        self,
+        connection: sqlite3.Connection,
+        collection_id: str,
+        documents: list[DocumentInput],
+        prepared: Any,
+    ) -> None:
+        """Insert the chunks' rows and add their word pieces to the collection's chunk frequencies."""
+        rows: list[PreparedChunk] = prepared
+        connection.executemany(
+            f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    collection_id,
+                    r.chunk_id,
+                    r.document_id,
+                    r.token_count,
+                    self.encoder.dimension,
+                    r.scale,
+                    r.token_ids,
+                    r.codes,
+                )
+                for r in rows
+            ],
+        )
+        counts: Counter[int] = Counter()
+        for r in rows:
+            counts.update(np.unique(self._ids(r.token_ids)).tolist())
+        self._add_frequencies(connection, collection_id, counts, 1)
+
+    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+        """Remove a document's rows and take its word pieces out of the chunk frequencies."""
+        blobs = connection.execute(
+            f"SELECT token_ids FROM {TABLE} WHERE collection_id = ? AND document_id = ?",
+            (collection_id, document_id),
+        ).fetchall()
+        if not blobs:
+            return
+        counts: Counter[int] = Counter()
+        for (blob,) in blobs:
+            counts.update(np.unique(self._ids(blob)).tolist())
+        self._add_frequencies(connection, collection_id, counts, -1)
+        connection.execute(
+            f"DELETE FROM {TABLE} WHERE collection_id = ? AND document_id = ?", (collection_id, document_id)
+        )
+
+    def _add_frequencies(
+        self, connection: sqlite3.Connection, collection_id: str, counts: Counter[int], sign: int
+    ) -> None:
+        connection.executemany(
+            f"""INSERT INTO {DF_TABLE} VALUES (?, ?, ?)
+                ON CONFLICT (collection_id, token_id) DO UPDATE SET chunks = chunks + excluded.chunks""",
+            [(collection_id, token, sign * n) for token, n in counts.items()],
+        )
+        if sign < 0:
+            connection.execute(
+                f"DELETE FROM {DF_TABLE} WHERE collection_id = ? AND chunks <= 0", (collection_id,)
+            )
+
+    def _ids(self, blob: bytes) -> Ids:
+        id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
+        return np.frombuffer(blob, dtype=id_type).astype(np.int64)
+
+    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+        """Rows, tokens and bytes of the token store (every collection), for health details."""
+        row = connection.execute(
+            f"""SELECT COUNT(*), COUNT(DISTINCT collection_id || char(0) || document_id),
+                       COALESCE(SUM(token_count), 0),
+                       COALESCE(SUM(length(vectors) + length(token_ids) + 8), 0)
+                FROM {TABLE}"""
+        ).fetchone()
+        chunks, documents, tokens, size = (int(v) for v in row)
+        return {
+            "chunks": chunks,
+            "documents": documents,
+            "tokens": tokens,
+            "bytes": size,
+            "bytes_per_chunk": round(size / chunks, 1) if chunks else 0.0,
+            "bytes_per_token": round(size / tokens, 2) if tokens else 0.0,
+            "dimension": self.encoder.dimension,
+            "encoding": "int8 codes, one float scale per chunk, uint16 word-piece ids",
+        }
+
+    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+        """Distinct documents with token rows in the collection."""
+        row = connection.execute(
+            f"SELECT COUNT(DISTINCT document_id) FROM {TABLE} WHERE collection_id = ?", (collection_id,)
+        ).fetchone()
+        return int(row[0])
+
+    def load(
+        self, connection: sqlite3.Connection, collection_id: str, chunk_ids: list[str]
+    ) -> dict[str, ChunkTokens]:
+        """The stored token vectors of the given chunks (chunks without rows are left out)."""
+        found: dict[str, ChunkTokens] = {}
+        for start in range(0, len(chunk_ids), 500):
+            batch = chunk_ids[start : start + 500]
+            rows = connection.execute(
+                f"""SELECT chunk_id, document_id, dimension, scale, token_ids, vectors FROM {TABLE}
+                    WHERE collection_id = ? AND chunk_id IN ({",".join("?" * len(batch))})""",
+                (collection_id, *batch),
+            ).fetchall()
+            for chunk_id, document_id, dimension, scale, token_ids, vectors in rows:
+                codes = np.frombuffer(vectors, dtype=np.int8).reshape(-1, dimension)
+                found[chunk_id] = ChunkTokens(
+                    chunk_id, document_id, self._ids(token_ids), codes, float(scale)
+                )
+        return found
+
+    def frequencies(self, connection: sqlite3.Connection, collection_id: str) -> tuple[int, dict[int, int]]:
+        """How many chunks have token rows, and in how many of them each word piece occurs."""
+        total = connection.execute(
+            f"SELECT COUNT(*) FROM {TABLE} WHERE collection_id = ?", (collection_id,)
+        ).fetchone()[0]
+        rows = connection.execute(
+            f"SELECT token_id, chunks FROM {DF_TABLE} WHERE collection_id = ?", (collection_id,)
+        ).fetchall()
+        return int(total), {int(t): int(n) for t, n in rows}
+
+
+def used_count(token_count: int, ratio: float) -> int:
+    """How many of a chunk's tokens a compression ratio keeps: ceil(ratio * n), at least 1 if any."""
+    if token_count == 0:
+        return 0
+    return max(1, min(token_count, math.ceil(ratio * token_count - 1e-9)))

@@ -1,0 +1,1 @@
+"""GraphRAG: entity and relation extraction, the knowledge-graph index, and the graph-guided pipeline."""

@@ -1,0 +1,178 @@
+"""HybridIFind: a dense leg and a keyword (BM25) leg over the store's full-text index, fused."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from iris_rag.retrieval.fusion import FusedScore, reciprocal_rank_fusion, weighted_fusion
+from iris_rag.retrieval.keyword import (
+    FuzzyRepair,
+    match_expression,
+    query_terms,
+    repair_terms,
+    unknown_terms,
+)
+from iris_rag.stores.base import CollectionInfo, KeywordScoring, ScoredChunk, StoredChunk
+from iris_rag.stores.filters import MetadataFilter, parse_filters
+from iris_rag.stores.versioned import VersionedCache
+from iris_rag.techniques.base import Pipeline, QueryOptions, Retrieval, RetrievedDocument
+
+
+class HybridParams(BaseModel):
+    """technique_params of rag_hybrid_ifind (schema: schemas/tools/rag_hybrid_ifind.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fusion_method: Literal["weighted", "rrf"] = "weighted"
+    vector_weight: float = Field(0.5, ge=0, le=1)
+    keyword_weight: float = Field(0.5, ge=0, le=1)
+    rrf_k: int = Field(60, ge=1, le=1000)
+    candidate_pool: int = Field(100, ge=10, le=1000)
+    enable_fuzzy_matching: bool = False
+    keyword_boost_fields: tuple[str, ...] = ()
+    keyword_boost: float = Field(2.0, ge=1, le=10)
+    keyword_scoring: KeywordScoring = "flat"
+
+    @model_validator(mode="after")
+    def _one_leg_at_least(self) -> HybridParams:
+        if self.vector_weight == 0 and self.keyword_weight == 0:
+            msg = "vector_weight and keyword_weight cannot both be 0"
+            raise ValueError(msg)
+        return self
+
+
+class HybridIFindPipeline(Pipeline):
+    """Dense cosine and BM25 candidates, fused by weighted normalized scores or reciprocal ranks."""
+
+    technique = "hybrid_ifind"
+    params_model = HybridParams
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The keyword index's vocabulary, for fuzzy repair; reloaded when the data version moves on.
+        self._vocabularies: VersionedCache[dict[str, int]] = VersionedCache()
+
+    def retrieve(
+        self, query: str, collection: CollectionInfo, options: QueryOptions, params: HybridParams
+    ) -> Retrieval:
+        """Run both legs with the same filter, fuse, and explain every score."""
+        store = self.context.store
+        metadata_filter = parse_filters(options.filters)
+        pool = max(params.candidate_pool, options.top_k)
+
+        # The query embeds on the encode thread while this thread runs the keyword leg in SQLite: the
+        # two overlap instead of adding up. A leg weighted 0 is switched off: its candidates could only
+        # ever score 0 (the vector still gives every keyword hit its cosine for the score breakdown).
+        pending_vector = self.context.embedder.encode_query_async(query)
+        terms = query_terms(query)
+        repair = FuzzyRepair()
+        keyword_hits: list[ScoredChunk] = []
+        if params.keyword_weight > 0:
+            if params.enable_fuzzy_matching and terms:
+                repair = self._repair(collection, terms)
+            keyword_hits = self._keyword_leg(
+                collection.id, terms + repair.extra_terms, pool, metadata_filter, params
+            )
+        query_vector = pending_vector.result()
+        dense_hits: list[ScoredChunk] = []
+        if params.vector_weight > 0:
+            dense_hits = store.vector_search(collection.id, query_vector, pool, metadata_filter)
+
+        # Exact cosine for every candidate, including those only the keyword leg found.
+        dense = {hit.chunk_id: hit.score for hit in dense_hits}
+        missing = [hit.chunk_id for hit in keyword_hits if hit.chunk_id not in dense]
+        dense.update(store.vector_scores(collection.id, query_vector, missing))
+        keyword = {hit.chunk_id: hit.score for hit in keyword_hits}
+        fuse = reciprocal_rank_fusion if params.fusion_method == "rrf" else weighted_fusion
+        extra = {"k": params.rrf_k} if params.fusion_method == "rrf" else {}
+        fused = fuse(
+            dense,
+            keyword,
+            [hit.chunk_id for hit in dense_hits],
+            [hit.chunk_id for hit in keyword_hits],
+            vector_weight=params.vector_weight,
+            keyword_weight=params.keyword_weight,
+            **extra,
+        )[: options.top_k]
+
+        chunks = {c.chunk_id: c for c in store.get_chunks(collection.id, [f.chunk_id for f in fused])}
+        documents = [
+            RetrievedDocument(chunks[f.chunk_id], f.fused_score, f.as_dict())
+            for f in fused
+            if f.chunk_id in chunks
+        ]
+        return Retrieval(
+            documents=documents,
+            documents_searched=store.chunk_count(collection.id),
+            technique_specific={
+                "fusion_method": params.fusion_method,
+                "vector_weight": params.vector_weight,
+                "keyword_weight": params.keyword_weight,
+                **({"rrf_k": params.rrf_k} if params.fusion_method == "rrf" else {}),
+                "keyword_terms": terms,
+                "fuzzy_expansions": repair.expansions,
+                "keyword_boost_fields": list(params.keyword_boost_fields),
+                "keyword_scoring": params.keyword_scoring,
+                "dense_candidates": len(dense_hits),
+                "keyword_candidates": len(keyword_hits),
+                "used_chunk_ids": [d.chunk.chunk_id for d in documents],
+            },
+        )
+
+    def _keyword_leg(
+        self,
+        collection_id: str,
+        terms: list[str],
+        pool: int,
+        metadata_filter: MetadataFilter | None,
+        params: HybridParams,
+    ) -> list[ScoredChunk]:
+        """BM25 candidates; a title boost weights the FTS column, a metadata-field boost rescales hits."""
+        if not terms:
+            return []
+        store = self.context.store
+        title_weight = params.keyword_boost if "title" in params.keyword_boost_fields else 1.0
+        hits = store.keyword_search(
+            collection_id,
+            match_expression(terms),
+            pool,
+            metadata_filter,
+            title_weight,
+            params.keyword_scoring,
+        )
+        metadata_fields = [f for f in params.keyword_boost_fields if f != "title"]
+        if not metadata_fields or not hits:
+            return hits
+        chunks = {c.chunk_id: c for c in store.get_chunks(collection_id, [h.chunk_id for h in hits])}
+        boosted = [
+            ScoredChunk(hit.chunk_id, hit.score * params.keyword_boost)
+            if _metadata_mentions(chunks.get(hit.chunk_id), metadata_fields, terms)
+            else hit
+            for hit in hits
+        ]
+        return sorted(boosted, key=lambda h: -h.score)
+
+    def _repair(self, collection: CollectionInfo, terms: list[str]) -> FuzzyRepair:
+        """Fuzzy-repair the terms that match nothing in this collection."""
+        vocabulary = self._vocabulary(collection)
+        return repair_terms(unknown_terms(terms, vocabulary), vocabulary)
+
+    def _vocabulary(self, collection: CollectionInfo) -> dict[str, int]:
+        return self._vocabularies.get(
+            collection.id,
+            collection.version,
+            lambda: self.context.store.term_document_counts(collection.id),
+        )
+
+
+def _metadata_mentions(chunk: StoredChunk | None, fields: list[str], terms: list[str]) -> bool:
+    """Whether any query term occurs in any of the named metadata fields of the chunk's document."""
+    if chunk is None:
+        return False
+    values = " ".join(str(chunk.metadata.get(f, "")) for f in fields).lower()
+    return any(term in query_terms(values) for term in terms)
+
+
+__all__ = ["FusedScore", "HybridIFindPipeline", "HybridParams"]

@@ -1,0 +1,273 @@
+"""HyDE (Gao et al. 2022): search with the embedding of a hypothetical document that would answer the query.
+
+A document that answers the query sits closer to the relevant documents than the short query does. With
+an LLM configured it writes the hypothetical passage ("llm"); without one, the passage is a pseudo-
+document of the sentences of the first-pass chunks that are most similar to the query ("prf", pseudo-
+relevance feedback). The passage is embedded (in sentence-aligned segments when it is longer than the
+model reads at once, their vectors averaged, as the paper averages several hypotheses) and used alone,
+averaged with the query's embedding, or mixed with it by hypothesis_weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
+
+from iris_rag.cancellation import check_cancelled
+from iris_rag.ingestion.chunking import split_sentences
+from iris_rag.llm import TechniqueLLM, strip_label
+from iris_rag.stores.base import CollectionInfo
+from iris_rag.stores.filters import MetadataFilter, parse_filters
+from iris_rag.techniques.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
+
+Vector = npt.NDArray[np.float32]
+
+# all-MiniLM-L6-v2 reads at most 256 word pieces: a longer hypothesis is embedded in sentence-aligned
+# segments of at most this many, whose unit vectors are averaged (weighted by their length).
+SEGMENT_TOKENS = 200
+# The LLM may write up to this many tokens per requested token; the text is then cut to the length.
+LLM_TOKEN_ALLOWANCE = 1.25
+
+HYPOTHESIS_PROMPT = (
+    "Write a passage that answers the question or addresses the claim you are given, in the style of the "
+    "document that would contain the answer (for a scientific claim, an excerpt of a paper's abstract). "
+    "State specific findings plainly; do not hedge, and do not say that the passage is hypothetical. "
+    "Reply with the passage only."
+)
+
+
+class HydeParams(BaseModel):
+    """technique_params of rag_hyde (schema: schemas/tools/rag_hyde.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generate_hypothetical: bool = True
+    hypothesis_length: int = Field(200, ge=50, le=500)
+    combine_strategy: Literal["replace", "combine", "weighted"] = "replace"
+    hypothesis_weight: float = Field(0.3, ge=0, le=1)
+    prf_depth: int = Field(5, ge=1, le=20)
+
+
+@dataclass(frozen=True, slots=True)
+class Hypothesis:
+    """The hypothetical document, how it was made, and its embedding."""
+
+    text: str
+    source: str
+    tokens: int
+    segments: int
+    vector: Vector
+    report: dict[str, Any]
+
+
+def combined_vector(query: Vector, hypothesis: Vector, weight: float) -> Vector:
+    """(1 - weight) * query + weight * hypothesis, back to unit length (cosine stays a dot product)."""
+    mixed = (1.0 - weight) * query.astype(np.float32) + weight * hypothesis.astype(np.float32)
+    norm = float(np.linalg.norm(mixed))
+    result: Vector = (mixed / norm if norm > 0 else query).astype(np.float32)
+    return result
+
+
+def hypothesis_weight(params: HydeParams) -> float:
+    """The weight the strategy gives the hypothesis: replace 1, combine 0.5, weighted hypothesis_weight."""
+    if params.combine_strategy == "replace":
+        return 1.0
+    if params.combine_strategy == "combine":
+        return 0.5
+    return params.hypothesis_weight
+
+
+class HydePipeline(Pipeline):
+    """Embed a hypothetical answer document (LLM-written, or built from the first pass) and search with it."""
+
+    technique = "hyde"
+    params_model = HydeParams
+
+    def __init__(self, context: PipelineContext) -> None:
+        super().__init__(context)
+        self._llm = TechniqueLLM(context.settings)
+
+    def retrieve(
+        self, query: str, collection: CollectionInfo, options: QueryOptions, params: HydeParams
+    ) -> Retrieval:
+        """Search with the query's, the hypothesis's or a mixed embedding; report the hypothesis."""
+        store = self.context.store
+        metadata_filter = parse_filters(options.filters)
+        query_vector = self.context.embedder.encode_query(query)
+        specific: dict[str, Any] = {"generate_hypothetical": params.generate_hypothetical}
+        if not params.generate_hypothetical:
+            search_vector, hypothesis = query_vector, None
+            specific |= {"hypothesis": None, "hypothesis_source": "none", "combine_strategy": "query_only"}
+        else:
+            hypothesis = self.hypothesis(query, collection, query_vector, params, metadata_filter)
+            weight = hypothesis_weight(params)
+            search_vector = combined_vector(query_vector, hypothesis.vector, weight)
+            specific |= {
+                "hypothesis": hypothesis.text,
+                "hypothesis_source": hypothesis.source,
+                "hypothesis_tokens": hypothesis.tokens,
+                "hypothesis_length": params.hypothesis_length,
+                "hypothesis_segments": hypothesis.segments,
+                "combine_strategy": params.combine_strategy,
+                "hypothesis_weight": weight,
+                "query_hypothesis_cosine": round(float(query_vector @ hypothesis.vector), 6),
+                **hypothesis.report,
+            }
+            if not hypothesis.segments:
+                specific["note"] = (
+                    "the hypothesis is empty (no first-pass text), so the query alone was searched"
+                )
+
+        hits = store.vector_search(collection.id, search_vector, options.top_k, metadata_filter)
+        chunks = store.get_chunks(collection.id, [hit.chunk_id for hit in hits])
+        scores = {hit.chunk_id: hit.score for hit in hits}
+        query_cosines = store.vector_scores(collection.id, query_vector, list(scores))
+        hypothesis_cosines = (
+            store.vector_scores(collection.id, hypothesis.vector, list(scores)) if hypothesis else {}
+        )
+        documents = [
+            RetrievedDocument(
+                chunk,
+                scores[chunk.chunk_id],
+                {
+                    "query_cosine": round(query_cosines.get(chunk.chunk_id, 0.0), 6),
+                    "hypothesis_cosine": round(hypothesis_cosines.get(chunk.chunk_id, 0.0), 6),
+                }
+                if hypothesis
+                else {},
+            )
+            for chunk in chunks
+        ]
+        specific["candidates"] = len(hits)
+        return Retrieval(documents, store.chunk_count(collection.id), specific)
+
+    def hypothesis(
+        self,
+        query: str,
+        collection: CollectionInfo,
+        query_vector: Vector,
+        params: HydeParams,
+        metadata_filter: MetadataFilter | None,
+    ) -> Hypothesis:
+        """The LLM's hypothetical passage, or the pseudo-document of the first pass; cut and embedded."""
+        report: dict[str, Any] = {}
+
+        def pseudo_document() -> str:
+            text, feedback = self.pseudo_document(
+                collection, query_vector, params.hypothesis_length, params.prf_depth, metadata_filter
+            )
+            report.update(feedback)
+            return text
+
+        words = max(1, round(params.hypothesis_length * 0.75))
+        produced = self._llm.produce(
+            HYPOTHESIS_PROMPT,
+            f"Write about {words} words ({params.hypothesis_length} tokens).\n\nQuery: {query}",
+            max_tokens=round(params.hypothesis_length * LLM_TOKEN_ALLOWANCE),
+            fallback_name="prf",
+            fallback=pseudo_document,
+            clean=strip_label,
+        )
+        if produced.error:
+            report["llm_error"] = produced.error
+        check_cancelled()
+        text = self.cut(produced.text, params.hypothesis_length)
+        vector, segments = self.embed_long(text)
+        return Hypothesis(text, produced.source, self.count_tokens(text), segments, vector, report)
+
+    def pseudo_document(
+        self,
+        collection: CollectionInfo,
+        query_vector: Vector,
+        length: int,
+        depth: int,
+        metadata_filter: MetadataFilter | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The sentences of the top `depth` first-pass chunks most like the query, up to `length` tokens.
+
+        Sentences are ranked by cosine similarity to the query (repeats from overlapping chunks counted
+        once) and taken best first while they fit; the passage reads in that order.
+        """
+        store = self.context.store
+        hits = store.vector_search(collection.id, query_vector, depth, metadata_filter)
+        chunks = store.get_chunks(collection.id, [hit.chunk_id for hit in hits])
+        sentences = list(dict.fromkeys(s.text for chunk in chunks for s in split_sentences(chunk.content)))
+        report: dict[str, Any] = {
+            "prf_documents": list(dict.fromkeys(chunk.document_id for chunk in chunks)),
+            "prf_sentences": len(sentences),
+        }
+        if not sentences:
+            report["prf_sentences_used"] = 0
+            return "", report
+        check_cancelled()
+        similarity = self.context.embedder.encode(sentences) @ query_vector
+        counts = self.token_counts(sentences)
+        chosen: list[str] = []
+        used = 0
+        for index in np.argsort(-similarity, kind="stable"):
+            sentence = sentences[int(index)]
+            tokens = counts[int(index)]
+            if chosen and used + tokens > length:
+                continue
+            chosen.append(sentence)
+            used += tokens
+            if used >= length:
+                break
+        report["prf_sentences_used"] = len(chosen)
+        return " ".join(chosen), report
+
+    def count_tokens(self, text: str) -> int:
+        """Word pieces of the embedding model's tokenizer (what "tokens" means for hypothesis_length)."""
+        return self.token_counts([text])[0]
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """Word pieces per text (counted where the shared tokenizer is safe to use)."""
+        return self.context.embedder.word_piece_counts(texts)
+
+    def cut(self, text: str, length: int) -> str:
+        """The text cut to at most `length` tokens: whole sentences (the first cut if it alone is longer)."""
+        sentences = [sentence.text for sentence in split_sentences(text)]
+        kept: list[str] = []
+        used = 0
+        for sentence, tokens in zip(sentences, self.token_counts(sentences), strict=True):
+            if used + tokens > length:
+                if not kept:
+                    kept.append(self._truncate(sentence, length))
+                break
+            kept.append(sentence)
+            used += tokens
+        return " ".join(kept)
+
+    def _truncate(self, text: str, length: int) -> str:
+        def truncate(model: Any) -> str:
+            pieces = model.tokenizer.tokenize(text)[:length]
+            return str(model.tokenizer.convert_tokens_to_string(pieces))
+
+        return self.context.embedder.run_with_model(truncate, single=True).result()
+
+    def embed_long(self, text: str) -> tuple[Vector, int]:
+        """A unit vector for any length: sentence-aligned segments of SEGMENT_TOKENS, averaged by length."""
+        if not text.strip():
+            return np.zeros(self.context.embedder.dimension, dtype=np.float32), 0
+        segments: list[tuple[str, int]] = []
+        current: list[str] = []
+        used = 0
+        sentences = [sentence.text for sentence in split_sentences(text)]
+        for sentence, tokens in zip(sentences, self.token_counts(sentences), strict=True):
+            if current and used + tokens > SEGMENT_TOKENS:
+                segments.append((" ".join(current), used))
+                current, used = [], 0
+            current.append(sentence)
+            used += tokens
+        if current:
+            segments.append((" ".join(current), used))
+        vectors = self.context.embedder.encode([segment for segment, _ in segments])
+        weights = np.array([max(tokens, 1) for _, tokens in segments], dtype=np.float32)
+        mean = (vectors * weights[:, None]).sum(axis=0)
+        norm = float(np.linalg.norm(mean))
+        result: Vector = (mean / norm if norm > 0 else mean).astype(np.float32)
+        return result, len(segments)

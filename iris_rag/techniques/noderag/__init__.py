@@ -1,0 +1,1 @@
+"""NodeRAG: the heterogeneous node tree index and the pipeline that searches it."""

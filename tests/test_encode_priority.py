@@ -1,0 +1,104 @@
+"""Defect 5: a query's encode goes ahead of bulk work (ingest, index building) on the one encode thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from iris_rag.embedder import Embedder
+from iris_rag.service import RagService
+from iris_rag.techniques.colbert.index import TokenVectorIndex
+
+SLICES = 8
+TEXTS_PER_SLICE = 16
+
+
+def _texts() -> list[str]:
+    return [
+        f"Sentence {i:04}: insulin resistance in skeletal muscle precedes type 2 diabetes in cohort {i:04}."
+        for i in range(SLICES * TEXTS_PER_SLICE)
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _small_slices(embedder: Embedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices of 16 of these texts, so that a short run still has many."""
+    monkeypatch.setattr(embedder, "bulk_slice_chars", TEXTS_PER_SLICE * len(_texts()[0]))
+
+
+def _wait_for_first_slice(embedder: Embedder, before: int) -> None:
+    deadline = time.monotonic() + 60
+    while embedder.bulk_slices_run == before:
+        assert time.monotonic() < deadline, "the bulk work never started"
+        time.sleep(0.001)
+
+
+def _query_overtakes(embedder: Embedder, bulk_work: Callable[[], object]) -> tuple[list[str], int]:
+    """Run bulk_work on a thread; once its first slice ran, encode a query. Completion order and slices."""
+    finished: list[str] = []
+    before = embedder.bulk_slices_run
+
+    def bulk() -> None:
+        bulk_work()
+        finished.append("bulk")
+
+    worker = threading.Thread(target=bulk)
+    worker.start()
+    _wait_for_first_slice(embedder, before)
+    embedder.encode_query("insulin and diabetes")
+    finished.append("query")
+    slices_when_query_done = embedder.bulk_slices_run - before
+    worker.join(timeout=300)
+    return finished, slices_when_query_done
+
+
+def test_a_query_encode_completes_before_a_long_bulk_encode(embedder: Embedder) -> None:
+    finished, slices = _query_overtakes(embedder, lambda: embedder.encode(_texts(), bulk=True))
+    assert finished == ["query", "bulk"]
+    assert slices < SLICES
+
+
+def test_token_vector_building_yields_to_a_query(service: RagService) -> None:
+    index = service.pipelines["colbert"].technique_index()
+    assert isinstance(index, TokenVectorIndex)
+    finished, slices = _query_overtakes(service.embedder, lambda: index.encoder.encode(_texts()))
+    assert finished == ["query", "bulk"]
+    assert slices < SLICES
+
+
+@pytest.mark.parametrize("count", [1, TEXTS_PER_SLICE + 3])
+def test_bulk_encode_gives_the_same_vectors_in_the_same_order(embedder: Embedder, count: int) -> None:
+    texts = [f"{'word ' * (i % 7)}{_texts()[i]}" for i in range(count)]
+    bulk = embedder.encode(texts, bulk=True)
+    assert bulk.shape == (count, embedder.dimension)
+    one_by_one = np.stack([embedder.encode_query(t) for t in texts])
+    np.testing.assert_allclose(bulk, one_by_one, atol=1e-5)
+
+
+def test_bulk_work_leaves_a_core_to_queries_only_while_they_arrive(
+    embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from iris_rag import embedder as embedder_module
+
+    every_core = embedder._batch_threads
+    if every_core < 2:
+        pytest.skip("one core: there is no core to leave free")
+
+    def threads_per_slice() -> list[int]:
+        half = embedder.bulk_slice_chars // 2  # two items per slice: a one-item slice runs as a query does
+        return embedder.map_bulk(
+            lambda _model, _part: torch.get_num_threads(), [1, 2, 3, 4], cost=lambda _: half
+        )
+
+    monkeypatch.setattr(embedder, "_last_query", float("-inf"))
+    assert threads_per_slice() == [every_core, every_core], "no query lately: bulk work uses every core"
+    embedder.encode_query("insulin and diabetes")
+    assert threads_per_slice() == [every_core - 1, every_core - 1], "a query just ran: one core left free"
+    monkeypatch.setattr(embedder_module, "QUERY_WINDOW_S", 0.0)
+    assert threads_per_slice() == [every_core, every_core], "past the window: every core again"

@@ -1,0 +1,166 @@
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from iris_rag.embedder import Embedder
+from iris_rag.errors import GenerationFailedError
+from iris_rag.generation import NOTHING_FOUND, ExtractiveGenerator, OpenAIGenerator, Passage
+from iris_rag.redaction import redact
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+from tests.conftest import DOCUMENTS, ask
+from tests.fake_openai import FakeOpenAIServer
+
+PASSAGES = [
+    Passage(1, "aspirin", "Aspirin", "Aspirin reduces heart attacks. Bleeding is a side effect.", 0.8),
+    Passage(2, "sourdough", "Bread", "Sourdough uses wild yeast. It tastes sour.", 0.3),
+]
+
+
+def test_extractive_picks_matching_sentences_and_cites_them() -> None:
+    answer = ExtractiveGenerator(max_sentences=1).generate(
+        "does aspirin reduce heart attacks", PASSAGES, temperature=0, max_tokens=100
+    )
+    assert answer.source == "extractive"
+    assert "Extractive answer" in answer.answer
+    assert "- Aspirin reduces heart attacks. [1]" in answer.answer
+    assert "[2]" not in answer.answer
+    two = ExtractiveGenerator(max_sentences=2).generate(
+        "wild yeast aspirin", PASSAGES, temperature=0, max_tokens=100
+    )
+    assert "[1]" in two.answer and "[2]" in two.answer
+
+
+def test_extractive_says_plainly_when_nothing_was_found() -> None:
+    assert ExtractiveGenerator().generate("x", [], temperature=0, max_tokens=10).answer == NOTHING_FOUND
+
+
+def test_extractive_respects_max_tokens() -> None:
+    short = ExtractiveGenerator(max_sentences=3).generate(
+        "aspirin yeast sour", PASSAGES, temperature=0, max_tokens=4
+    )
+    assert sum(line.startswith("- ") for line in short.answer.splitlines()) == 1
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeOpenAIServer]:
+    server = FakeOpenAIServer()
+    yield server
+    server.close()
+
+
+def _llm_settings(tmp_path: Path, server: FakeOpenAIServer) -> Settings:
+    return Settings(
+        RAG_DATA_DIR=tmp_path,
+        LLM_PROVIDER="openai",
+        LLM_MODEL="fake-model",
+        LLM_API_KEY="sk-test-secret",
+        LLM_BASE_URL=server.base_url,
+        LLM_MAX_RETRIES=0,
+    )
+
+
+def test_openai_generator_passes_parameters_through(tmp_path: Path, fake_llm: FakeOpenAIServer) -> None:
+    generator = OpenAIGenerator(_llm_settings(tmp_path, fake_llm))
+    result = generator.generate("does aspirin help", PASSAGES, temperature=0.3, max_tokens=77)
+    assert (result.answer, result.model, result.source) == (fake_llm.reply, "fake-model", "llm")
+    body = fake_llm.requests[0]["body"]
+    assert (body["model"], body["temperature"], body["max_tokens"]) == ("fake-model", 0.3, 77)
+    user = body["messages"][1]["content"]
+    assert "[1] Aspirin" in user and "Question: does aspirin help" in user
+    assert "only" in body["messages"][0]["content"]
+    assert fake_llm.requests[0]["auth"] == "Bearer sk-test-secret"
+
+
+def test_llm_answer_through_the_pipeline(
+    tmp_path: Path, embedder: Embedder, fake_llm: FakeOpenAIServer
+) -> None:
+    service = RagService(_llm_settings(tmp_path, fake_llm), embedder=embedder)
+    service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+    result = ask(service, "aspirin and heart attacks", options={"temperature": 1.5, "max_tokens": 9})
+    assert result["answer"] == fake_llm.reply
+    assert result["metadata"]["answer_source"] == "llm"
+    assert result["metadata"]["model_info"]["llm_model"] == "fake-model"
+    assert fake_llm.requests[-1]["body"]["temperature"] == 1.5
+    assert fake_llm.requests[-1]["body"]["max_tokens"] == 9
+
+
+def test_llm_failure_is_generation_failed_with_documents(
+    tmp_path: Path, embedder: Embedder, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.status = 500
+    service = RagService(_llm_settings(tmp_path, fake_llm), embedder=embedder)
+    service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+    with pytest.raises(GenerationFailedError) as failure:
+        ask(service, "aspirin")
+    partial = failure.value.details["partial_result"]
+    assert partial["success"] is False
+    assert partial["error"]["code"] == "GENERATION_FAILED"
+    assert partial["retrieved_documents"][0]["id"] == "aspirin"
+    assert "sk-test-secret" not in str(failure.value.to_dict())
+
+
+# Issue 11, defect 11: credentials inside LLM_BASE_URL must never reach a caller.
+SECRETS = ("alice", "s3cret-pass", "sk-test-secret", "KEY-123456", "tok-98765")
+
+
+def _leaks(text: str) -> list[str]:
+    return [secret for secret in SECRETS if secret in text]
+
+
+def _credential_settings(tmp_path: Path, base_url: str) -> Settings:
+    return Settings(
+        RAG_DATA_DIR=tmp_path,
+        LLM_PROVIDER="openai",
+        LLM_MODEL="fake-model",
+        LLM_API_KEY="sk-test-secret",
+        LLM_BASE_URL=base_url,
+        LLM_MAX_RETRIES=0,
+        LLM_TIMEOUT_S=5,
+    )
+
+
+def _with_credentials(base_url: str) -> str:
+    return base_url.replace("http://", "http://alice:s3cret-pass@") + "?api_key=KEY-123456&token=tok-98765"
+
+
+def test_redact_masks_userinfo_key_parameters_and_secret_values() -> None:
+    text = "GET http://alice:s3cret-pass@host:8080/v1?api_key=KEY-123456&x=1&token=tok-98765 (s3cret-pass)"
+    redacted = redact(text, ["s3cret-pass"])
+    assert redacted == "GET http://***@host:8080/v1?api_key=***&x=1&token=*** (***)"
+
+
+@pytest.mark.parametrize("reachable", [True, False], ids=["server-error", "unreachable"])
+def test_credentials_in_the_base_url_never_appear_in_errors_or_health(
+    tmp_path: Path,
+    embedder: Embedder,
+    fake_llm: FakeOpenAIServer,
+    reachable: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if reachable:
+        fake_llm.status = 500
+        base_url = _with_credentials(fake_llm.base_url)
+    else:
+        fake_llm.close()  # nothing listens on its port any more
+        base_url = _with_credentials(fake_llm.base_url)
+    service = RagService(_credential_settings(tmp_path, base_url), embedder=embedder)
+    try:
+        service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+        with pytest.raises(GenerationFailedError) as failure:
+            ask(service, "aspirin")
+        message = json.dumps(failure.value.to_dict())
+        assert "***@127.0.0.1" in message
+        assert not _leaks(message), message
+        for technique in ("hyde", "crag"):
+            arguments = {"query": "aspirin", "collection_id": "docs", "options": {"generate": False}}
+            result = service.execute({"technique": technique, "arguments": arguments})
+            assert not _leaks(json.dumps(result))
+        health = service.health_check({"include_details": True})
+        assert not _leaks(json.dumps(health)), health["components"]["llm_service"]
+        # The ingest's graph extraction and the techniques' fallbacks log the failures: masked too.
+        assert "LLM" in caplog.text and not _leaks(caplog.text)
+    finally:
+        service.close()
