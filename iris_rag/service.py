@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from iris_rag import __version__
+from iris_rag.backends import create_store
 from iris_rag.embedder import Embedder
 from iris_rag.errors import CollectionNotFoundError, DocumentNotFoundError, PipelineNotFoundError
 from iris_rag.generation import create_generator
@@ -19,7 +20,6 @@ from iris_rag.llm_health import LlmProbe
 from iris_rag.monitor import Monitor
 from iris_rag.schemas import served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
-from iris_rag.stores.factory import create_store
 from iris_rag.techniques.base import PipelineContext, TechniqueRequest
 from iris_rag.techniques.registry import PIPELINES
 from iris_rag.validation import validate_arguments
@@ -135,11 +135,7 @@ class RagService:
         stale = []
         for name, pipeline in self.pipelines.items():
             index = pipeline.technique_index()
-            if (
-                index
-                and index.indexed_documents(self.store.connection(), collection_id)
-                < collection.document_count
-            ):
+            if index and index.indexed_documents(collection_id) < collection.document_count:
                 stale.append(name)
         return stale
 

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.monitor import Monitor
 from iris_rag.service import RagService
 from iris_rag.stores.base import CallRecord
-from iris_rag.stores.sqlite.store import SqliteStore
 
 
 def test_windows_percentiles_and_restart(tmp_path: Path) -> None:

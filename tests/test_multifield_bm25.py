@@ -12,19 +12,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from iris_rag.ingestion.ingestor import COLLECTION_ID
-from iris_rag.retrieval.keyword import match_expression
-from iris_rag.schemas import tool_spec
-from iris_rag.service import RagService
-from iris_rag.stores.base import ChunkInput, DocumentInput
-from iris_rag.stores.filters import parse_filters
-from iris_rag.stores.sqlite.store import (
+from iris_rag.backends.sqlite.store import (
     SqliteStore,
     content_fts_table,
     fts_table,
+    match_expression,
+    sqlite_connection,
     title_fts_table,
     vocabulary_table,
 )
+from iris_rag.ingestion.ingestor import COLLECTION_ID
+from iris_rag.schemas import tool_spec
+from iris_rag.service import RagService
+from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordQuery
+from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.techniques.hybrid_ifind import HybridParams
 
 DIM = 8
@@ -91,8 +92,14 @@ def hand_multifield(
     return combined
 
 
-def multifield(store: SqliteStore, terms: list[str], **kwargs: Any) -> dict[str, float]:
-    hits = store.keyword_search("c", match_expression(terms), 100, scoring="multifield", **kwargs)
+def multifield(
+    store: SqliteStore,
+    terms: list[str],
+    title_weight: float = 1.0,
+    metadata_filter: MetadataFilter | None = None,
+) -> dict[str, float]:
+    query = KeywordQuery.of(terms, title_weight, "multifield")
+    hits = store.keyword_search("c", query, 100, metadata_filter)
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     return {h.chunk_id: h.score for h in hits}
 
@@ -124,12 +131,12 @@ def test_combination_is_max_plus_half_min_not_a_sum_or_the_best_field(tmp_path: 
 
 def test_flat_is_the_default_and_is_fts5_bm25_over_both_columns(tmp_path: Path) -> None:
     store = _store(tmp_path / "db.sqlite3")
-    match = match_expression(["alpha", "beta"])
-    default = store.keyword_search("c", match, 100, title_weight=2.0)
-    assert default == store.keyword_search("c", match, 100, title_weight=2.0, scoring="flat")
+    default = store.keyword_search("c", KeywordQuery.of(["alpha", "beta"], 2.0), 100)
+    assert default == store.keyword_search("c", KeywordQuery.of(["alpha", "beta"], 2.0, "flat"), 100)
+    match = match_expression(KeywordQuery.of(["alpha", "beta"]))
     table = fts_table("c")
     rows = (
-        store.connection()
+        sqlite_connection(store)
         .execute(
             f"SELECT k.chunk_id, -bm25({table}, 2.0, 1.0) FROM {table} "
             f"JOIN chunks k ON k.rowid = {table}.rowid WHERE {table} MATCH ?",
@@ -151,8 +158,8 @@ def test_keyword_scoring_changes_the_ranking(tmp_path: Path) -> None:
         **{f"x{i}": ("zeta eta theta", "four five six seven eight nine", {}) for i in range(5)},
     }
     store = _store(tmp_path / "db.sqlite3", corpus)
-    flat = store.keyword_search("c", match_expression(["alpha"]), 10)
-    multi = store.keyword_search("c", match_expression(["alpha"]), 10, scoring="multifield")
+    flat = store.keyword_search("c", KeywordQuery.of(["alpha"]), 10)
+    multi = store.keyword_search("c", KeywordQuery.of(["alpha"], scoring="multifield"), 10)
     assert [h.chunk_id for h in flat] == ["mid#0", "short#0"]
     assert [h.chunk_id for h in multi] == ["short#0", "mid#0"]
     assert {h.chunk_id: h.score for h in multi} == _approx(hand_multifield(corpus, ["alpha"]))
@@ -175,7 +182,7 @@ def test_top_k_is_the_exact_combined_top_k(tmp_path: Path) -> None:
     expected = hand_multifield(corpus, ["alpha"])
     best = sorted(expected, key=lambda chunk_id: -expected[chunk_id])[:3]
     assert sorted(best) == ["both0#0", "both1#0", "both2#0"]
-    top = store.keyword_search("c", match_expression(["alpha"]), 3, scoring="multifield")
+    top = store.keyword_search("c", KeywordQuery.of(["alpha"], scoring="multifield"), 3)
     assert sorted(h.chunk_id for h in top) == sorted(best)
     assert [h.score for h in top] == [pytest.approx(expected[c], rel=1e-9) for c in [h.chunk_id for h in top]]
 
@@ -183,12 +190,12 @@ def test_top_k_is_the_exact_combined_top_k(tmp_path: Path) -> None:
 def _title_rows(store: SqliteStore) -> set[tuple[int, str]]:
     return {
         (row[0], row[1])
-        for row in store.connection().execute(f"SELECT rowid, title FROM {title_fts_table('c')}")
+        for row in sqlite_connection(store).execute(f"SELECT rowid, title FROM {title_fts_table('c')}")
     }
 
 
 def _expected_title_rows(store: SqliteStore) -> set[tuple[int, str]]:
-    rows = store.connection().execute(
+    rows = sqlite_connection(store).execute(
         "SELECT k.rowid, d.title FROM chunks k JOIN documents d "
         "ON d.collection_id = k.collection_id AND d.id = k.document_id WHERE k.collection_id = 'c'"
     )
@@ -198,7 +205,7 @@ def _expected_title_rows(store: SqliteStore) -> set[tuple[int, str]]:
 def _check_tables(store: SqliteStore) -> None:
     """Title rows are exactly the chunks' titles; FTS5 finds both indexes consistent with their content."""
     assert _title_rows(store) == _expected_title_rows(store)
-    connection = store.connection()
+    connection = sqlite_connection(store)
     for table in (title_fts_table("c"), content_fts_table("c")):
         connection.execute(f"INSERT INTO {table} ({table}) VALUES ('integrity-check')")
     chunks = connection.execute(f"SELECT COUNT(*) FROM {content_fts_table('c')}_docsize").fetchone()[0]
@@ -228,7 +235,7 @@ def test_collection_from_before_the_field_tables_is_backfilled(tmp_path: Path) -
     path = tmp_path / "db.sqlite3"
     store = _store(path)
     # What a store written before these tables existed looks like: the main FTS table only.
-    connection = store.connection()
+    connection = sqlite_connection(store)
     connection.execute(f"DROP TABLE {title_fts_table('c')}")
     connection.execute(f"DROP TABLE {content_fts_table('c')}")
     store.close()
@@ -281,7 +288,7 @@ def test_odd_collection_id_works(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "db.sqlite3")
     store.create_collection('we"ird id', "model-a", DIM)
     store.upsert_documents('we"ird id', [_document("d", "alpha", "beta")])
-    hits = store.keyword_search('we"ird id', match_expression(["alpha"]), 5, scoring="multifield")
+    hits = store.keyword_search('we"ird id', KeywordQuery.of(["alpha"], scoring="multifield"), 5)
     assert [h.chunk_id for h in hits] == ["d#0"]
 
 

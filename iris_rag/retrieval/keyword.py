@@ -26,11 +26,6 @@ def query_terms(text: str) -> list[str]:
     return list(dict.fromkeys(terms))
 
 
-def match_expression(terms: list[str]) -> str:
-    """An FTS5 expression that matches any term; each term is quoted, so no query text is ever syntax."""
-    return " OR ".join('"' + term.replace('"', "") + '"' for term in terms)
-
-
 @dataclass
 class FuzzyRepair:
     """Which query terms had no match in the index, and the indexed terms used in their place."""

@@ -1,10 +1,14 @@
-"""The store interface every backend implements (the embedded SQLite store now, IRIS next to it)."""
+"""The store contract every backend implements (iris_rag/backends/: SQLite now, PostgreSQL and IRIS next).
+
+No driver type appears here: a backend keeps its connections to itself, compiles keyword queries and
+metadata filters to its own dialect, and stores each technique's rows through the storage contract the
+technique declares (technique_storage).
+"""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +21,29 @@ if TYPE_CHECKING:
 # flat: one BM25 over title and content together (one document length). multifield: each field's own BM25
 # (own IDF and length normalization), combined as best field + 0.5 x the other (Elasticsearch best_fields).
 KeywordScoring = Literal["flat", "multifield"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordQuery:
+    """A keyword (BM25) search as data; each backend compiles it to its own full-text syntax.
+
+    terms: lowercase query terms, or indexed stems from a fuzzy repair, each with how many times it counts
+    (a weight of 2 adds the term's BM25 contribution twice). No term is ever parsed as syntax.
+    title_weight multiplies the title field's contribution; scoring picks flat or multifield BM25.
+    """
+
+    terms: dict[str, int]
+    title_weight: float = 1.0
+    scoring: KeywordScoring = "flat"
+
+    @classmethod
+    def of(
+        cls, terms: list[str], title_weight: float = 1.0, scoring: KeywordScoring = "flat"
+    ) -> KeywordQuery:
+        """Every term once."""
+        return cls(dict.fromkeys(terms, 1), title_weight, scoring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +179,11 @@ class DocumentStore(Protocol):
     def register_index(self, index: TechniqueIndex) -> None:
         """Keep a technique's index in step with every later upsert and delete."""
 
-    def connection(self) -> sqlite3.Connection:
-        """The calling thread's connection, for technique indexes to query their own tables."""
+    def technique_storage(self, contract: type[T]) -> T:
+        """The backend's implementation of a technique's storage contract (techniques/<t>/storage.py).
+
+        Its writes, when TechniqueIndex.write or delete calls them, join the store's open transaction.
+        """
 
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document and its chunks; False if it was absent."""
@@ -194,16 +224,11 @@ class DocumentStore(Protocol):
     def keyword_search(
         self,
         collection_id: str,
-        match: str,
+        query: KeywordQuery,
         top_k: int,
         metadata_filter: MetadataFilter | None = None,
-        title_weight: float = 1.0,
-        scoring: KeywordScoring = "flat",
     ) -> list[ScoredChunk]:
-        """The top_k chunks by BM25 for a full-text query expression (FTS5 in SQLite, iFind in IRIS).
-
-        title_weight multiplies the title's contribution; scoring picks flat or multifield BM25.
-        """
+        """The top_k chunks by BM25 for the query's terms (FTS5 in SQLite, full-text search elsewhere)."""
 
     def term_document_counts(self, collection_id: str) -> dict[str, int]:
         """The keyword index's (stemmed) terms with how many chunks hold each."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -13,37 +12,30 @@ from iris_rag.stores.base import DocumentInput
 
 
 class TechniqueIndex(Protocol):
-    """An index a technique keeps next to the documents, in the same SQLite file.
+    """An index a technique keeps next to the documents, in the same store.
 
     Heavy work (encoding, extraction) happens in prepare(), outside any transaction; write() and delete()
     run inside the store's transaction for the documents, so the index never drifts from them: a replaced
-    or deleted document takes its index rows with it, and a failed ingest leaves both untouched.
+    or deleted document takes its index rows with it, and a failed ingest leaves both untouched. The index
+    reaches its rows through the storage contract its technique declares (DocumentStore.technique_storage),
+    so it holds no connection and no SQL.
     """
 
     name: str
 
-    def create_tables(self, connection: sqlite3.Connection) -> None:
-        """Create this index's tables if absent (called once when the store opens)."""
-
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> Any:
         """Compute what write() will store for these documents; no database access."""
 
-    def write(
-        self,
-        connection: sqlite3.Connection,
-        collection_id: str,
-        documents: list[DocumentInput],
-        prepared: Any,
-    ) -> None:
+    def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Store the prepared rows (inside the ingest transaction, after the documents' chunks)."""
 
-    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+    def delete(self, collection_id: str, document_id: str) -> None:
         """Remove a document's rows (inside the replace or delete transaction, before its chunks go)."""
 
-    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details."""
 
-    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+    def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents this index holds (fewer than stored: it needs a reindex)."""
 
 

@@ -133,7 +133,7 @@ class Pipeline(ABC):
         index = self.technique_index()
         if index is None:
             return
-        indexed = index.indexed_documents(self.context.store.connection(), collection.id)
+        indexed = index.indexed_documents(collection.id)
         if indexed < collection.document_count:
             msg = (
                 f"collection {collection.id!r} has {collection.document_count} documents but the "

@@ -27,8 +27,8 @@ from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.ingestion.ingestor import embedding_text
 from iris_rag.llm import Produced, TechniqueLLM, first_line
-from iris_rag.retrieval.keyword import STOPWORDS, match_expression, query_terms, stem
-from iris_rag.stores.base import CollectionInfo, ScoredChunk, StoredChunk
+from iris_rag.retrieval.keyword import STOPWORDS, query_terms, stem
+from iris_rag.stores.base import CollectionInfo, KeywordQuery, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.versioned import VersionedCache
 from iris_rag.techniques.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
@@ -244,9 +244,9 @@ class WeightedQuery:
         """The terms, heaviest first."""
         return " ".join(sorted(self.weights, key=lambda t: -self.weights[t]))
 
-    def expression(self) -> str:
-        """The FTS5 expression: BM25 adds up repeated phrases, so repeats weight a term."""
-        return match_expression([term for term, weight in self.weights.items() for _ in range(weight)])
+    def keyword_query(self) -> KeywordQuery:
+        """The keyword search: a term of weight 2 counts twice in BM25."""
+        return KeywordQuery(dict(self.weights))
 
 
 def keyword_reformulation(query: str, document_frequency: dict[str, int], chunk_count: int) -> WeightedQuery:
@@ -511,7 +511,7 @@ class CragPipeline(Pipeline):
         dense = store.vector_search(collection.id, vector, pool, metadata_filter)
         terms = query_terms(query)
         keyword_hits = (
-            store.keyword_search(collection.id, match_expression(terms), pool, metadata_filter)
+            store.keyword_search(collection.id, KeywordQuery.of(terms), pool, metadata_filter)
             if terms
             else []
         )
@@ -638,7 +638,7 @@ class CragPipeline(Pipeline):
         store = self.context.store
         weights = LEG_WEIGHTS[verdict]
         keyword_hits = (
-            store.keyword_search(collection.id, keywords.expression(), pool, metadata_filter)
+            store.keyword_search(collection.id, keywords.keyword_query(), pool, metadata_filter)
             if keywords.weights
             else []
         )

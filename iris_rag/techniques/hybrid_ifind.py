@@ -9,12 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from iris_rag.retrieval.fusion import FusedScore, reciprocal_rank_fusion, weighted_fusion
 from iris_rag.retrieval.keyword import (
     FuzzyRepair,
-    match_expression,
     query_terms,
     repair_terms,
     unknown_terms,
 )
-from iris_rag.stores.base import CollectionInfo, KeywordScoring, ScoredChunk, StoredChunk
+from iris_rag.stores.base import CollectionInfo, KeywordQuery, KeywordScoring, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.versioned import VersionedCache
 from iris_rag.techniques.base import Pipeline, QueryOptions, Retrieval, RetrievedDocument
@@ -134,14 +133,8 @@ class HybridIFindPipeline(Pipeline):
             return []
         store = self.context.store
         title_weight = params.keyword_boost if "title" in params.keyword_boost_fields else 1.0
-        hits = store.keyword_search(
-            collection_id,
-            match_expression(terms),
-            pool,
-            metadata_filter,
-            title_weight,
-            params.keyword_scoring,
-        )
+        query = KeywordQuery.of(terms, title_weight, params.keyword_scoring)
+        hits = store.keyword_search(collection_id, query, pool, metadata_filter)
         metadata_fields = [f for f in params.keyword_boost_fields if f != "title"]
         if not metadata_fields or not hits:
             return hits

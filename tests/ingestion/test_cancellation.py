@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import CancelToken, cancellation_scope
 from iris_rag.errors import RequestCancelledError
 from iris_rag.ingestion.loaders import SourceDocument
@@ -24,7 +25,7 @@ def _documents(count: int) -> list[SourceDocument]:
 
 
 def _collection_rows(service: RagService, collection_id: str) -> int:
-    connection = service.store.connection()
+    connection = sqlite_connection(service.store)
     row = connection.execute("SELECT COUNT(*) FROM collections WHERE id = ?", (collection_id,)).fetchone()
     return int(row[0])
 

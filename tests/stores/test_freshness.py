@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
-from iris_rag.stores.sqlite.store import SqliteStore
 from tests.conftest import DOCUMENTS, ROOT
 
 PENGUIN = {

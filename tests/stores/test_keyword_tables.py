@@ -14,18 +14,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-import iris_rag.stores.sqlite.store as sqlite_store
-from iris_rag.retrieval.keyword import match_expression
-from iris_rag.service import RagService
-from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordScoring
-from iris_rag.stores.sqlite.store import (
+import iris_rag.backends.sqlite.store as sqlite_store
+from iris_rag.backends.sqlite.store import (
     SqliteStore,
     content_fts_table,
     fts_table,
     keyword_table_name,
+    sqlite_connection,
     title_fts_table,
     vocabulary_table,
 )
+from iris_rag.service import RagService
+from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordQuery, KeywordScoring
 
 DIM = 8
 SCORINGS: tuple[KeywordScoring, ...] = ("flat", "multifield")
@@ -71,7 +71,7 @@ def _ingest(store: SqliteStore, corpora: Corpora) -> None:
 def _search(
     store: SqliteStore, collection_id: str, terms: list[str], scoring: KeywordScoring
 ) -> dict[str, float]:
-    hits = store.keyword_search(collection_id, match_expression(terms), 100, scoring=scoring)
+    hits = store.keyword_search(collection_id, KeywordQuery.of(terms, scoring=scoring), 100)
     return {h.chunk_id: h.score for h in hits}
 
 
@@ -114,7 +114,7 @@ def _check_isolated(store: SqliteStore, corpora: Corpora, tmp_path: Path) -> Non
 
 
 def _integrity_check(store: SqliteStore, collection_id: str) -> None:
-    connection = store.connection()
+    connection = sqlite_connection(store)
     for table in (fts_table(collection_id), title_fts_table(collection_id), content_fts_table(collection_id)):
         connection.execute(f"INSERT INTO {table} ({table}) VALUES ('integrity-check')")
 
@@ -192,7 +192,7 @@ def test_ids_with_quotes_spaces_and_unicode(tmp_path: Path) -> None:
         for scoring in SCORINGS:
             assert _search(store, cid, ["shared"], scoring).keys() == {f"d{i}#0"}, (cid, scoring)
         assert store.term_document_counts(cid) == {"share": 1, f"word{i}": 1, f"title{i}": 1}
-    names = {row[0] for row in store.connection().execute("SELECT name FROM sqlite_master")}
+    names = {row[0] for row in sqlite_connection(store).execute("SELECT name FROM sqlite_master")}
     assert len({n.lower() for n in names}) == len(names)
 
 
@@ -220,7 +220,7 @@ def _make_legacy(store: SqliteStore, order: list[str], field_tables: bool = True
     only collections whose table is their own get rows). field_tables False: a store from before
     multifield BM25.
     """
-    connection = store.connection()
+    connection = sqlite_connection(store)
     for collection_id in order:
         for suffix in (":vocab", ":title", ":content", ""):
             connection.execute(f'DROP TABLE "{keyword_table_name(collection_id, suffix)}"')

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from iris_rag.backends.sqlite.store import SqliteStore, fts_table
 from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput
-from iris_rag.stores.sqlite.store import SqliteStore, fts_table
 
 DIM = 8
 

@@ -4,8 +4,10 @@ from typing import Any
 
 import pytest
 
-from iris_rag.retrieval.keyword import match_expression, query_terms, repair_terms
+from iris_rag.backends.sqlite.store import match_expression
+from iris_rag.retrieval.keyword import query_terms, repair_terms
 from iris_rag.service import RagService
+from iris_rag.stores.base import KeywordQuery
 from tests.conftest import DOCUMENTS
 
 EXTRA = [
@@ -47,7 +49,7 @@ def ids(result: dict[str, Any]) -> list[str]:
 
 def test_query_terms_are_quoted_and_safe() -> None:
     assert query_terms('What is "XK-417" AND (NOT) the*?') == ["xk", "417", "not"]
-    assert match_expression(["xk", 'a"b']) == '"xk" OR "ab"'
+    assert match_expression(KeywordQuery.of(["xk", 'a"b'])) == '"xk" OR "ab"'
 
 
 def test_score_breakdown_and_used_chunks(hybrid_service: RagService) -> None:

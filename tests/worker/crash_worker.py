@@ -9,7 +9,6 @@ process (SIGKILL) as soon as the signal file appears, so the kill lands inside t
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import orjson
 
 from iris_rag import service
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.ingestion.ingestor import Ingestor
 from iris_rag.settings import Settings
@@ -34,25 +34,22 @@ class BlockingIndex:
 
     name = "crash_test_block"
 
-    def __init__(self, signal_file: Path) -> None:
+    def __init__(self, signal_file: Path, store: DocumentStore) -> None:
         self.signal_file = signal_file
+        self.store = store
 
-    def create_tables(self, connection: sqlite3.Connection) -> None:
+    def create_tables(self) -> None:
         """One row per indexed document."""
+        connection = sqlite_connection(self.store)
         connection.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (collection_id TEXT, document_id TEXT)")
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> Any:
         """Nothing to compute."""
         return None
 
-    def write(
-        self,
-        connection: sqlite3.Connection,
-        collection_id: str,
-        documents: list[DocumentInput],
-        prepared: Any,
-    ) -> None:
+    def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Write this index's rows; for a 'crash-' batch, report what the transaction holds and block."""
+        connection = sqlite_connection(self.store)
         connection.executemany(
             f"INSERT INTO {TABLE} VALUES (?, ?)", [(collection_id, d.id) for d in documents]
         )
@@ -80,18 +77,21 @@ class BlockingIndex:
         partial.replace(self.signal_file)
         threading.Event().wait()  # until SIGKILL
 
-    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+    def delete(self, collection_id: str, document_id: str) -> None:
         """Remove a document's row."""
+        connection = sqlite_connection(self.store)
         connection.execute(
             f"DELETE FROM {TABLE} WHERE collection_id = ? AND document_id = ?", (collection_id, document_id)
         )
 
-    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Row count."""
+        connection = sqlite_connection(self.store)
         return {"rows": connection.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0]}
 
-    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+    def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents have a row."""
+        connection = sqlite_connection(self.store)
         row = connection.execute(f"SELECT count(*) FROM {TABLE} WHERE collection_id = ?", (collection_id,))
         return int(row.fetchone()[0])
 
@@ -106,7 +106,7 @@ class IngestorWithBlockingIndex(Ingestor):
         embedder: Embedder,
         technique_indexes: list[TechniqueIndex] | None = None,
     ) -> None:
-        blocking = BlockingIndex(Path(os.environ[SIGNAL_FILE_ENV]))
+        blocking = BlockingIndex(Path(os.environ[SIGNAL_FILE_ENV]), store)
         store.register_index(blocking)
         super().__init__(settings, store, embedder, [*(technique_indexes or []), blocking])
 

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.ingestion.ingestor import embedding_text
-from iris_rag.stores.base import DocumentInput
+from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.technique_index import ChunkEncoding
 
 TOKEN_DIMENSION = 96
@@ -290,11 +291,13 @@ class TokenVectorIndex:
 
     name = "colbert_tokens"
 
-    def __init__(self, encoder: TokenEncoder) -> None:
+    def __init__(self, encoder: TokenEncoder, store: DocumentStore) -> None:
         self.encoder = encoder
+        self.store = store
 
-    def create_tables(self, connection: sqlite3.Connection) -> None:
+    def create_tables(self) -> None:
         """One row per chunk (vectors and ids as BLOBs), and chunk frequencies per word piece."""
+        connection = sqlite_connection(self.store)
         connection.execute(
             f"""CREATE TABLE IF NOT EXISTS {TABLE} (
                 collection_id TEXT NOT NULL,
@@ -351,14 +354,9 @@ class TokenVectorIndex:
             )
         return prepared
 
-    def write(
-        self,
-        connection: sqlite3.Connection,
-        collection_id: str,
-        documents: list[DocumentInput],
-        prepared: Any,
-    ) -> None:
+    def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Insert the chunks' rows and add their word pieces to the collection's chunk frequencies."""
+        connection = sqlite_connection(self.store)
         rows: list[PreparedChunk] = prepared
         connection.executemany(
             f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -381,8 +379,9 @@ class TokenVectorIndex:
             counts.update(np.unique(self._ids(r.token_ids)).tolist())
         self._add_frequencies(connection, collection_id, counts, 1)
 
-    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+    def delete(self, collection_id: str, document_id: str) -> None:
         """Remove a document's rows and take its word pieces out of the chunk frequencies."""
+        connection = sqlite_connection(self.store)
         blobs = connection.execute(
             f"SELECT token_ids FROM {TABLE} WHERE collection_id = ? AND document_id = ?",
             (collection_id, document_id),
@@ -414,8 +413,9 @@ class TokenVectorIndex:
         id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
         return np.frombuffer(blob, dtype=id_type).astype(np.int64)
 
-    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Rows, tokens and bytes of the token store (every collection), for health details."""
+        connection = sqlite_connection(self.store)
         row = connection.execute(
             f"""SELECT COUNT(*), COUNT(DISTINCT collection_id || char(0) || document_id),
                        COALESCE(SUM(token_count), 0),
@@ -434,8 +434,9 @@ class TokenVectorIndex:
             "encoding": "int8 codes, one float scale per chunk, uint16 word-piece ids",
         }
 
-    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+    def indexed_documents(self, collection_id: str) -> int:
         """Distinct documents with token rows in the collection."""
+        connection = sqlite_connection(self.store)
         row = connection.execute(
             f"SELECT COUNT(DISTINCT document_id) FROM {TABLE} WHERE collection_id = ?", (collection_id,)
         ).fetchone()

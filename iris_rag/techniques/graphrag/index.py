@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import check_cancelled
 from iris_rag.embedder import Embedder
 from iris_rag.settings import Settings
@@ -269,8 +270,9 @@ class KnowledgeGraphIndex:
         return "llm" if self.llm is not None else "rules"
 
     # TechniqueIndex
-    def create_tables(self, connection: sqlite3.Connection) -> None:
+    def create_tables(self) -> None:
         """Create the graph tables if absent; give a graph from before stored name vectors their column."""
+        connection = sqlite_connection(self.store)
         connection.executescript(_SCHEMA)
         columns = {row[1] for row in connection.execute("PRAGMA table_info(kg_entities)").fetchall()}
         if "embedding" not in columns:
@@ -304,14 +306,9 @@ class KnowledgeGraphIndex:
             graph.note = str(exc)[:500]
             return graph
 
-    def write(
-        self,
-        connection: sqlite3.Connection,
-        collection_id: str,
-        documents: list[DocumentInput],
-        prepared: Any,
-    ) -> None:
+    def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Store the documents' entities, mentions, relations (adding to their weights) and evidence."""
+        connection = sqlite_connection(self.store)
         assert isinstance(prepared, PreparedGraphs)
         items = [(d, prepared.documents[d.id]) for d in documents if d.id in prepared.documents]
         resolve = self._resolve_abbreviations(connection, collection_id, [p.graph for _, p in items])
@@ -453,8 +450,9 @@ class KnowledgeGraphIndex:
             short: min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0] for short, counter in votes.items()
         }
 
-    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+    def delete(self, collection_id: str, document_id: str) -> None:
         """Drop a document's mentions and evidence, subtract its counts from the weights, drop empty rows."""
+        connection = sqlite_connection(self.store)
         known = connection.execute(
             "SELECT 1 FROM kg_documents WHERE collection_id = ? AND document_id = ?",
             (collection_id, document_id),
@@ -543,8 +541,9 @@ class KnowledgeGraphIndex:
             (collection_id, extractor, model, _now()),
         )
 
-    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Per collection: documents, entities, mentions, relations, extractor and the largest component."""
+        connection = sqlite_connection(self.store)
         collections: dict[str, Any] = {}
         for collection_id, extractor, llm_model, version in connection.execute(
             """SELECT g.collection_id, g.extractor, g.llm_model, COALESCE(v.version, 0) FROM kg_collections g
@@ -577,8 +576,9 @@ class KnowledgeGraphIndex:
             collection_id, version, lambda: _largest_component(connection, collection_id)
         )
 
-    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+    def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents the graph covers."""
+        connection = sqlite_connection(self.store)
         row = connection.execute(
             "SELECT COUNT(*) FROM kg_documents WHERE collection_id = ?", (collection_id,)
         ).fetchone()
@@ -588,7 +588,7 @@ class KnowledgeGraphIndex:
     def collection_info(self, collection_id: str) -> dict[str, Any]:
         """The collection's graph record: extractor, LLM model, version, update time."""
         row = (
-            self.store.connection()
+            sqlite_connection(self.store)
             .execute(
                 "SELECT extractor, llm_model, version, updated_at FROM kg_collections "
                 "WHERE collection_id = ?",
@@ -615,7 +615,7 @@ class KnowledgeGraphIndex:
         return self._tables.get(collection_id, version, lambda: self._load_entities(collection_id))
 
     def _load_entities(self, collection_id: str) -> EntityTable:
-        connection = self.store.connection()
+        connection = sqlite_connection(self.store)
         total = connection.execute(
             "SELECT COUNT(*) FROM kg_entities WHERE collection_id = ?", (collection_id,)
         ).fetchone()[0]
@@ -641,7 +641,7 @@ class KnowledgeGraphIndex:
         ).fetchall():
             aliases[alias].append(entity_id)
         return EntityTable(
-            documents=self.indexed_documents(connection, collection_id),
+            documents=self.indexed_documents(collection_id),
             rows=rows,
             row_of_id={r.id: i for i, r in enumerate(rows)},
             id_of_key={r.key: r.id for r in rows},
@@ -695,7 +695,7 @@ class KnowledgeGraphIndex:
 
     def relations_of(self, collection_id: str, entity_ids: Iterable[int]) -> list[RelationRow]:
         """Every relation with one of the entities at either end."""
-        connection = self.store.connection()
+        connection = sqlite_connection(self.store)
         wanted = sorted(set(entity_ids))
         found: dict[int, RelationRow] = {}
         for batch in _batches(wanted):
@@ -711,7 +711,7 @@ class KnowledgeGraphIndex:
 
     def evidence_of(self, relation_ids: Iterable[int]) -> list[EvidenceRow]:
         """Every evidence row of the relations."""
-        connection = self.store.connection()
+        connection = sqlite_connection(self.store)
         rows: list[EvidenceRow] = []
         for batch in _batches(sorted(set(relation_ids))):
             rows += [
@@ -726,7 +726,7 @@ class KnowledgeGraphIndex:
 
     def mentions_of(self, entity_ids: Iterable[int]) -> list[MentionRow]:
         """Every mention of the entities."""
-        connection = self.store.connection()
+        connection = sqlite_connection(self.store)
         rows: list[MentionRow] = []
         for batch in _batches(sorted(set(entity_ids))):
             rows += [
@@ -742,7 +742,7 @@ class KnowledgeGraphIndex:
     def aliases_of(self, entity_id: int) -> list[str]:
         """The abbreviations that stand for an entity, as written."""
         rows = (
-            self.store.connection()
+            sqlite_connection(self.store)
             .execute(
                 "SELECT DISTINCT surface FROM kg_aliases WHERE entity_id = ? ORDER BY surface", (entity_id,)
             )

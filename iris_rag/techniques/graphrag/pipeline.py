@@ -31,6 +31,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import check_cancelled
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
@@ -352,7 +353,7 @@ class GraphRagPipeline(Pipeline):
         info = self.index.collection_info(collection.id)
         specific: dict[str, Any] = {
             "extractor": info["extractor"],
-            "extractors": self.index.extractor_counts(store.connection(), collection.id),
+            "extractors": self.index.extractor_counts(sqlite_connection(store), collection.id),
             **({"llm_model": info["llm_model"]} if info["llm_model"] else {}),
             "max_hops": params.max_hops,
             "entity_threshold": params.entity_threshold,

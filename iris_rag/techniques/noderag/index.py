@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.stores.base import DocumentInput, DocumentStore
@@ -366,8 +367,9 @@ class NodeTreeIndex:
         self._matrices: VersionedCache[LeafMatrix] = VersionedCache()
 
     # The TechniqueIndex protocol
-    def create_tables(self, connection: sqlite3.Connection) -> None:
+    def create_tables(self) -> None:
         """Create the node tables if absent."""
+        connection = sqlite_connection(self.store)
         connection.executescript(_SCHEMA)
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[PreparedTree]:
@@ -384,14 +386,9 @@ class NodeTreeIndex:
             prepared.append(PreparedTree(document.id, nodes, doc_vectors))
         return prepared
 
-    def write(
-        self,
-        connection: sqlite3.Connection,
-        collection_id: str,
-        documents: list[DocumentInput],
-        prepared: Any,
-    ) -> None:
+    def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Insert the prepared nodes (inside the ingest transaction, after the documents' chunks)."""
+        connection = sqlite_connection(self.store)
         for tree in prepared:
             rows = []
             leaf = 0
@@ -427,16 +424,18 @@ class NodeTreeIndex:
                 (collection_id, tree.document_id, len(tree.nodes), leaf, max(n.level for n in tree.nodes)),
             )
 
-    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+    def delete(self, collection_id: str, document_id: str) -> None:
         """Remove a document's nodes (inside the replace or delete transaction)."""
+        connection = sqlite_connection(self.store)
         for table in ("node_tree_nodes", "node_tree_documents"):
             connection.execute(
                 f"DELETE FROM {table} WHERE collection_id = ? AND document_id = ?",
                 (collection_id, document_id),
             )
 
-    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Document, node and leaf counts, and the leaf matrices loaded in memory."""
+        connection = sqlite_connection(self.store)
         row = connection.execute(
             "SELECT COUNT(*), COALESCE(SUM(nodes), 0), COALESCE(SUM(leaves), 0) FROM node_tree_documents"
         ).fetchone()
@@ -451,8 +450,9 @@ class NodeTreeIndex:
             "leaf_memory_bytes": memory,
         }
 
-    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+    def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents have their node tree."""
+        connection = sqlite_connection(self.store)
         row = connection.execute(
             "SELECT COUNT(*) FROM node_tree_documents WHERE collection_id = ?", (collection_id,)
         ).fetchone()

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.llm import Produced, TechniqueLLM
 from iris_rag.stores.base import CollectionInfo, StoredChunk, StoredDocument
 from iris_rag.stores.filters import parse_filters
@@ -119,7 +120,7 @@ class NodeRagPipeline(Pipeline):
         """Rank leaf nodes, group matches by paragraph, assemble each group's context up the tree."""
         self.require_index(collection)
         store = self.context.store
-        connection = store.connection()
+        connection = sqlite_connection(store)
         leaves = self._index.leaf_matrix(connection, collection.id, collection.version)
         query_vector = self.context.embedder.encode_query(query)
         scores = leaves.matrix @ query_vector if leaves.document_ids else np.zeros(0, dtype=np.float32)
@@ -176,7 +177,7 @@ class NodeRagPipeline(Pipeline):
 
     def _trees(self, collection_id: str, document_ids: list[str]) -> dict[str, _Tree]:
         store = self.context.store
-        stored = self._index.document_trees(store.connection(), collection_id, document_ids)
+        stored = self._index.document_trees(sqlite_connection(store), collection_id, document_ids)
         trees = {}
         for document_id, (nodes, vectors) in stored.items():
             document = store.get_document(collection_id, document_id)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import (
     CollectionNotFoundError,
@@ -179,7 +180,7 @@ class SqlRagPipeline(Pipeline):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._views = DocumentViews()
+        self._views = DocumentViews(self.context.store)
         settings = self.context.settings
         self._gate = SqlGate(settings.sql_max_concurrent)
         self._writer = SqlWriter(settings) if settings.llm_provider == "openai" else None
@@ -275,7 +276,7 @@ class SqlRagPipeline(Pipeline):
         allowed_tables only narrows: a table of another collection is refused like one that does not
         exist, so no call reads another collection's rows.
         """
-        connection = self.context.store.connection()
+        connection = sqlite_connection(self.context.store)
         ensure_view(connection, collection_id)
         tables = [t for t in list_tables(connection) if t.collection_id in (None, collection_id)]
         if allowed_tables is None:
@@ -301,7 +302,7 @@ class SqlRagPipeline(Pipeline):
     def _execute(self, sql: str, scope: list[TableInfo], params: SqlParams) -> tuple[CheckedSql, SqlResult]:
         """Check the statement against the scope and run it read-only."""
         check_cancelled()
-        connection = self.context.store.connection()
+        connection = sqlite_connection(self.context.store)
         existing = [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]
         registered = [t.name for t in list_tables(connection)]
         checked = check_sql(
@@ -345,7 +346,7 @@ class SqlRagPipeline(Pipeline):
                 "error.details.schema and call again with it"
             )
             raise InvalidParametersError(msg, self._schema_details(scope, reason))
-        described = describe_tables(self.context.store.connection(), scope)
+        described = describe_tables(sqlite_connection(self.context.store), scope)
         schema = schema_text(described)
         rejected: list[dict[str, Any]] = []
         last: SqlRejectedError | None = None
@@ -373,7 +374,7 @@ class SqlRagPipeline(Pipeline):
 
     def _schema_details(self, scope: list[TableInfo], reason: str | None = None) -> dict[str, Any]:
         details: dict[str, Any] = {
-            "schema": describe_tables(self.context.store.connection(), scope),
+            "schema": describe_tables(sqlite_connection(self.context.store), scope),
             "rules": query_rules(),
         }
         return {"reason": reason, **details} if reason else details
@@ -460,7 +461,7 @@ class SqlRagPipeline(Pipeline):
             self._require_collection(collection_id)
         started = time.perf_counter()
         result = ingest_table(
-            self.context.store.connection(), table, raw, collection_id=collection_id, source=source
+            sqlite_connection(self.context.store), table, raw, collection_id=collection_id, source=source
         )
         return {**result, "time_ms": round((time.perf_counter() - started) * 1000, 3)}
 
@@ -484,7 +485,7 @@ class SqlRagPipeline(Pipeline):
         """rag_table_schema: the tables a statement may read, with columns, types and sample values."""
         arguments = validate_arguments("rag_table_schema", params)
         collection_id: str | None = arguments.get("collection_id")
-        connection = self.context.store.connection()
+        connection = sqlite_connection(self.context.store)
         if collection_id is not None:
             self._require_collection(collection_id)
             tables = self._scope(collection_id, None)

@@ -20,9 +20,10 @@ from typing import Any, Literal
 
 import orjson
 
+from iris_rag.backends.sqlite.filters import json_path
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.errors import InvalidParametersError
-from iris_rag.stores.base import DocumentInput
-from iris_rag.stores.filters import json_path
+from iris_rag.stores.base import DocumentInput, DocumentStore
 
 ColumnType = Literal["INTEGER", "REAL", "BOOLEAN", "DATE", "DATETIME", "TEXT", "JSON"]
 TableKind = Literal["table", "documents_view"]
@@ -602,38 +603,40 @@ class DocumentViews:
 
     name = "sqlrag_documents_views"
 
-    def create_tables(self, connection: sqlite3.Connection) -> None:
+    def __init__(self, store: DocumentStore) -> None:
+        self.store = store
+
+    def create_tables(self) -> None:
         """Create the registry of structured tables."""
+        connection = sqlite_connection(self.store)
         create_registry(connection)
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> dict[str, ColumnType | None]:
         """The metadata keys of the incoming documents and their value types."""
         return metadata_types(d.metadata for d in documents)
 
-    def write(
-        self,
-        connection: sqlite3.Connection,
-        collection_id: str,
-        documents: list[DocumentInput],
-        prepared: Any,
-    ) -> None:
+    def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Add columns for new keys to the view (it reads the documents table itself: no rows to copy)."""
+        connection = sqlite_connection(self.store)
         refresh_view(connection, collection_id, prepared)
 
-    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+    def delete(self, collection_id: str, document_id: str) -> None:
         """Nothing: a deleted document leaves the view with its row."""
+        sqlite_connection(self.store)
 
-    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """How many tables and documents views are registered."""
+        connection = sqlite_connection(self.store)
         rows = connection.execute(f"SELECT kind, COUNT(*) FROM {REGISTRY_TABLE} GROUP BY kind").fetchall()
         counts = {kind: count for kind, count in rows}
         return {"tables": counts.get("table", 0), "documents_views": counts.get("documents_view", 0)}
 
-    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+    def indexed_documents(self, collection_id: str) -> int:
         """Every document: the view reads the documents table, and a missing view is built on first use.
 
         So a collection ingested before rag_sqlrag existed never needs a reindex for it (ensure_view).
         """
+        connection = sqlite_connection(self.store)
         row = connection.execute(
             "SELECT COUNT(*) FROM documents WHERE collection_id = ?", (collection_id,)
         ).fetchone()

@@ -1,16 +1,16 @@
 """rag_colbert's token-vector index: encoding, compression, budget, and rows that follow the documents."""
 
-import sqlite3
 from collections import Counter
 from typing import Any
 
 import numpy as np
 import pytest
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
-from iris_rag.stores.base import DocumentInput
+from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.techniques.colbert.index import (
     DF_TABLE,
     TABLE,
@@ -31,7 +31,7 @@ def _index(service: RagService) -> TokenVectorIndex:
 
 
 def _rows(service: RagService) -> dict[str, tuple[str, int]]:
-    rows = service.store.connection().execute(
+    rows = sqlite_connection(service.store).execute(
         f"SELECT chunk_id, document_id, token_count FROM {TABLE} WHERE collection_id = 'docs'"
     )
     return {r[0]: (r[1], r[2]) for r in rows}
@@ -40,7 +40,7 @@ def _rows(service: RagService) -> dict[str, tuple[str, int]]:
 def _frequencies_match_rows(service: RagService) -> None:
     """The document-frequency table equals a recount over the stored rows."""
     index = _index(service)
-    connection = service.store.connection()
+    connection = sqlite_connection(service.store)
     recount: Counter[int] = Counter()
     for (blob,) in connection.execute(f"SELECT token_ids FROM {TABLE} WHERE collection_id = 'docs'"):
         recount.update(np.unique(np.frombuffer(blob, dtype=np.uint16)).tolist())
@@ -101,7 +101,7 @@ def test_rows_follow_ingest_replace_delete(service: RagService) -> None:
         c.chunk_id for d in DOCUMENTS for c in service.store.get_document_chunks("docs", str(d["id"]))
     }
     assert set(rows) == chunk_ids, "one row per stored chunk, under the store's chunk id"
-    assert _index(service).indexed_documents(service.store.connection(), "docs") == 3
+    assert _index(service).indexed_documents("docs") == 3
     _frequencies_match_rows(service)
     before = rows["volcano#0"][1]
 
@@ -111,15 +111,15 @@ def test_rows_follow_ingest_replace_delete(service: RagService) -> None:
     after = _rows(service)
     assert after["volcano#0"][1] != before and after["volcano#0"][1] == 5
     _frequencies_match_rows(service)
-    loaded = _index(service).load(service.store.connection(), "docs", ["volcano#0"])["volcano#0"]
+    loaded = _index(service).load(sqlite_connection(service.store), "docs", ["volcano#0"])["volcano#0"]
     words = _index(service).encoder.token_strings(loaded.token_ids.tolist())
     assert words == ["glaciers", "car", "##ve", "deep", "valleys"]
 
     assert service.store.delete_document("docs", "volcano")
     assert {doc for doc, _ in _rows(service).values()} == {"aspirin", "sourdough"}
-    assert _index(service).indexed_documents(service.store.connection(), "docs") == 2
+    assert _index(service).indexed_documents("docs") == 2
     _frequencies_match_rows(service)
-    connection = service.store.connection()
+    connection = sqlite_connection(service.store)
     glacier = int(_index(service).encoder.embedder.tokenizer.convert_tokens_to_ids("glaciers"))
     assert connection.execute(f"SELECT 1 FROM {DF_TABLE} WHERE token_id = ?", (glacier,)).fetchone() is None
 
@@ -129,31 +129,36 @@ class _FailingIndex:
 
     name = "failing"
 
-    def create_tables(self, connection: sqlite3.Connection) -> None:
+    def __init__(self, store: DocumentStore) -> None:
+        self.store = store
+
+    def create_tables(self) -> None:
+        sqlite_connection(self.store)
         pass
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> None:
         return None
 
-    def write(
-        self, connection: sqlite3.Connection, collection_id: str, documents: Any, prepared: Any
-    ) -> None:
+    def write(self, collection_id: str, documents: Any, prepared: Any) -> None:
         raise RuntimeError("index failure")
 
-    def delete(self, connection: sqlite3.Connection, collection_id: str, document_id: str) -> None:
+    def delete(self, collection_id: str, document_id: str) -> None:
+        sqlite_connection(self.store)
         pass
 
-    def stats(self, connection: sqlite3.Connection) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
+        sqlite_connection(self.store)
         return {}
 
-    def indexed_documents(self, connection: sqlite3.Connection, collection_id: str) -> int:
+    def indexed_documents(self, collection_id: str) -> int:
+        sqlite_connection(self.store)
         return 0
 
 
 def test_failed_ingest_leaves_token_rows_untouched(service: RagService) -> None:
     service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
     before = _rows(service)
-    failing = _FailingIndex()
+    failing = _FailingIndex(service.store)
     service.store.register_index(failing)
     service.ingestor.technique_indexes.append(failing)
     with pytest.raises(RuntimeError, match="index failure"):
@@ -214,6 +219,6 @@ def test_ingest_takes_dense_vectors_from_the_token_pass(service: RagService, mon
         np.testing.assert_allclose(stored[hashes[key]], expected[row], atol=1e-5)
     # The token rows are those a separate encode gives (up to int8 quantization).
     separate = _index(service).encoder.encode([texts["aspirin#0"]])[0]
-    loaded = _index(service).load(service.store.connection(), "docs", ["aspirin#0"])["aspirin#0"]
+    loaded = _index(service).load(sqlite_connection(service.store), "docs", ["aspirin#0"])["aspirin#0"]
     np.testing.assert_array_equal(loaded.token_ids, separate.token_ids)
     np.testing.assert_allclose(loaded.vectors(), separate.vectors, atol=loaded.scale)

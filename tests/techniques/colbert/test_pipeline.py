@@ -7,13 +7,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.embedder import Embedder
 from iris_rag.errors import IndexNotBuiltError
 from iris_rag.ingestion.ingestor import Ingestor
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
-from iris_rag.stores.sqlite.store import SqliteStore
 from iris_rag.techniques.colbert.pipeline import batch_maxsim, maxsim
 from tests.conftest import DOCUMENTS, SAMPLE_CORPUS
 

@@ -9,6 +9,7 @@ from typing import Any
 import networkx as nx
 import pytest
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.errors import IndexNotBuiltError
 from iris_rag.ingestion.ingestor import Ingestor
@@ -138,7 +139,7 @@ def test_llm_reply_parsing_tolerates_fences_and_rejects_garbage() -> None:
 
 # The index inside the service
 def _rows(service: RagService, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    return [tuple(r) for r in service.store.connection().execute(sql, args).fetchall()]
+    return [tuple(r) for r in sqlite_connection(service.store).execute(sql, args).fetchall()]
 
 
 def _entity_names(service: RagService, collection: str = "kg") -> set[str]:

@@ -8,6 +8,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import CancelToken, cancellation_scope
 from iris_rag.embedder import Embedder
 from iris_rag.errors import InvalidParametersError, RequestCancelledError
@@ -389,7 +390,7 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
 
     # The old path (names embedded by the first query) gives the same answer: a graph stored before the
     # vectors were is still served, its names embedded once at query time with a warning to reindex.
-    connection = graph_service.store.connection()
+    connection = sqlite_connection(graph_service.store)
     connection.execute("UPDATE kg_entities SET embedding = NULL")
     assert connection.execute("SELECT COUNT(*) FROM kg_entities").fetchone()[0] > 10
     connection.execute("DELETE FROM embedding_cache")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import CancelToken, cancellation_scope
 from iris_rag.errors import RequestCancelledError, SqlRejectedError
 from iris_rag.service import RagService
@@ -57,7 +58,7 @@ def run_sql(service: RagService, sql: str, **params: Any) -> dict[str, Any]:
 
 def file_digest(service: RagService) -> str:
     """SHA-256 of the database file after moving everything in the WAL into it."""
-    service.store.connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    sqlite_connection(service.store).execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return hashlib.sha256(service.settings.database_path.read_bytes()).hexdigest()
 
 
@@ -217,7 +218,7 @@ def test_hostile_statements_are_rejected_or_contained_and_the_file_is_unchanged(
 
     assert file_digest(guarded) == before, "the database file changed"
     assert not any(path.exists() for path in EVIL_FILES)
-    count = guarded.store.connection().execute("SELECT count(*) FROM t_sales").fetchone()[0]
+    count = sqlite_connection(guarded.store).execute("SELECT count(*) FROM t_sales").fetchone()[0]
     assert count == 3
     # A few reasons, to show they say what was wrong.
     said = dict(zip([(sql, repr(params)) for sql, params in HOSTILE], reasons, strict=True))

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.errors import InvalidParametersError
 from iris_rag.service import RagService
 from iris_rag.techniques.sqlrag.pipeline import SqlRagPipeline
@@ -146,7 +147,7 @@ def test_ingest_creates_a_real_typed_table_and_registers_it(service: RagService,
     path.write_text(SALES_CSV, encoding="utf-8")
     result = sqlrag(service).ingest_table_file(path, "Sales", "docs")
     assert result["sql_name"] == "t_sales" and result["row_count"] == 3 and result["replaced"] is False
-    connection = service.store.connection()
+    connection = sqlite_connection(service.store)
     declared = {row[1]: row[2] for row in connection.execute('PRAGMA table_info("t_sales")')}
     assert declared == {
         "region": "TEXT",
@@ -168,11 +169,11 @@ def test_ingest_creates_a_real_typed_table_and_registers_it(service: RagService,
 def test_reingest_replaces_the_table_in_one_transaction(service: RagService) -> None:
     pipeline = sqlrag(service)
     first = pipeline.ingest_table({"table": "scores", "rows": [{"who": "a", "points": 1}, {"who": "b"}]})
-    created = get_table(service.store.connection(), "t_scores")
+    created = get_table(sqlite_connection(service.store), "t_scores")
     assert first["replaced"] is False and created is not None
     second = pipeline.ingest_table({"table": "scores", "csv": "team,total,day\nx,3.5,2024-01-01\n"})
     assert second["replaced"] is True
-    connection = service.store.connection()
+    connection = sqlite_connection(service.store)
     assert [tuple(r) for r in connection.execute("SELECT * FROM t_scores")] == [("x", 3.5, "2024-01-01")]
     replaced = get_table(connection, "t_scores")
     assert replaced is not None
@@ -192,7 +193,7 @@ def test_reingest_replaces_the_table_in_one_transaction(service: RagService) -> 
 
 def test_documents_view_follows_ingest(service: RagService) -> None:
     service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
-    connection = service.store.connection()
+    connection = sqlite_connection(service.store)
     view = view_for(connection, "docs")
     assert view is not None and view.name == "documents_docs"
     assert [(c.name, c.type) for c in view.columns] == [
@@ -228,7 +229,7 @@ def test_documents_view_follows_ingest(service: RagService) -> None:
 def test_views_are_built_for_older_collections_and_never_collide(service: RagService) -> None:
     service.ingest({"collection_id": "a-b", "documents": DOCUMENTS[:1]})
     service.ingest({"collection_id": "a_b", "documents": DOCUMENTS[1:2]})
-    connection = service.store.connection()
+    connection = sqlite_connection(service.store)
     first, second = view_for(connection, "a-b"), view_for(connection, "a_b")
     assert first is not None and second is not None
     assert (first.name, second.name) == ("documents_a_b", "documents_a_b_2")
@@ -237,10 +238,10 @@ def test_views_are_built_for_older_collections_and_never_collide(service: RagSer
     connection.execute("DROP VIEW documents_a_b")
     connection.execute("DELETE FROM structured_tables WHERE name = 'documents_a_b'")
     index = sqlrag(service).technique_index()
-    assert index.indexed_documents(connection, "a-b") == 1, "never stale: the view is built on first use"
+    assert index.indexed_documents("a-b") == 1, "never stale: the view is built on first use"
     assert "sqlrag" not in service.stale_indexes("a-b")
     assert view_for(connection, "a-b") is None
     rebuilt = ensure_view(connection, "a-b")
     assert [c.name for c in rebuilt.columns][-2:] == ["year", "topic"]
     assert connection.execute(f"SELECT id FROM {rebuilt.name}").fetchall()[0][0] == "aspirin"
-    assert index.stats(connection) == {"tables": 0, "documents_views": 2}
+    assert index.stats() == {"tables": 0, "documents_views": 2}

@@ -1,10 +1,10 @@
-"""Build the configured store."""
+"""Store backends, one folder each, behind the contract in iris_rag.stores; create_store picks one."""
 
 from __future__ import annotations
 
+from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentStore
-from iris_rag.stores.sqlite.store import SqliteStore
 
 
 def create_store(settings: Settings) -> DocumentStore:

@@ -9,29 +9,32 @@ import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
+from iris_rag.backends.sqlite.filters import json_path, to_sql
 from iris_rag.cancellation import check_cancelled
 from iris_rag.stores.base import (
     CallRecord,
     ChunkInput,
     CollectionInfo,
     DocumentInput,
-    KeywordScoring,
+    KeywordQuery,
     NewCollection,
     ScoredChunk,
     StoredChunk,
     StoredDocument,
 )
-from iris_rag.stores.filters import MetadataFilter, json_path, to_sql
+from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.stores.versioned import VersionedCache
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 4
 
@@ -246,6 +249,18 @@ def _drop_legacy_tables(connection: sqlite3.Connection, collection_id: str) -> i
     return dropped
 
 
+def match_expression(query: KeywordQuery) -> str:
+    """The FTS5 expression matching any of the query's terms.
+
+    Each term is quoted, so no query text is ever syntax; BM25 adds up repeated phrases, so a term of
+    weight n is repeated n times.
+    """
+    phrases = [
+        '"' + term.replace('"', "") + '"' for term, weight in query.terms.items() for _ in range(weight)
+    ]
+    return " OR ".join(p for p in phrases if p != '""')
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
@@ -274,6 +289,7 @@ class SqliteStore:
         self._write_lock = threading.Lock()
         self._indexes: VersionedCache[_VectorIndex] = VersionedCache()
         self._technique_indexes: list[TechniqueIndex] = []
+        self._technique_storage: dict[type[Any], object] = {}
         self._keyword_ready: set[str] = set()  # collections whose keyword tables are known to exist
         with self._write_lock:
             connection = self._connection()
@@ -354,11 +370,27 @@ class SqliteStore:
     def register_index(self, index: TechniqueIndex) -> None:
         """Keep a technique's index in step with every later upsert and delete."""
         with self._write_lock:
-            index.create_tables(self._connection())
+            create_tables = getattr(index, "create_tables", None)  # TRANSITIONAL until each has its storage
+            if create_tables is not None:
+                create_tables()
             self._technique_indexes.append(index)
 
+    def technique_storage(self, contract: type[T]) -> T:
+        """The SQLite implementation of a technique's storage contract, made once per store."""
+        with self._connections_lock:
+            storage = self._technique_storage.get(contract)
+            if storage is None:
+                from iris_rag.backends.sqlite import TECHNIQUE_STORAGE
+
+                factory = TECHNIQUE_STORAGE.get(contract)
+                if factory is None:
+                    msg = f"the sqlite backend has no storage for {contract.__name__}"
+                    raise NotImplementedError(msg)
+                storage = self._technique_storage[contract] = factory(self)
+        return cast(T, storage)
+
     def connection(self) -> sqlite3.Connection:
-        """The calling thread's connection, for technique indexes to query their own tables."""
+        """The calling thread's connection (inside this backend only: its technique storage uses it)."""
         return self._connection()
 
     def ping(self) -> None:
@@ -466,7 +498,7 @@ class SqliteStore:
                     written += len(document.chunks)
                 for index in self._technique_indexes:
                     if prepared is not None and index.name in prepared:
-                        index.write(connection, collection_id, documents, prepared[index.name])
+                        index.write(collection_id, documents, prepared[index.name])
                 connection.execute("UPDATE collections SET updated_at = ? WHERE id = ?", (now, collection_id))
                 check_cancelled()
                 connection.execute("COMMIT")
@@ -513,7 +545,7 @@ class SqliteStore:
         self, connection: sqlite3.Connection, collection_id: str, document_id: str
     ) -> int:
         for index in self._technique_indexes:
-            index.delete(connection, collection_id, document_id)
+            index.delete(collection_id, document_id)
         # The content table reads the old text from `chunks` to unindex it: keyword rows go first.
         for table in (fts_table, title_fts_table, content_fts_table):
             connection.execute(
@@ -686,20 +718,21 @@ class SqliteStore:
     def keyword_search(
         self,
         collection_id: str,
-        match: str,
+        query: KeywordQuery,
         top_k: int,
         metadata_filter: MetadataFilter | None = None,
-        title_weight: float = 1.0,
-        scoring: KeywordScoring = "flat",
     ) -> list[ScoredChunk]:
         """BM25 over the collection's FTS5 index (title and content columns); higher scores are better.
 
-        `match` is an FTS5 query expression, built by the caller from quoted terms. flat: one BM25 over
+        The query compiles to an FTS5 expression of quoted terms (match_expression). flat: one BM25 over
         both columns (title weighted by title_weight), with one length per chunk; multifield: see
         _multifield_search.
         """
+        match, title_weight = match_expression(query), query.title_weight
+        if not match:
+            return []
         self._prepare_keyword_tables(collection_id)
-        if scoring == "multifield":
+        if query.scoring == "multifield":
             return self._multifield_search(collection_id, match, top_k, metadata_filter, title_weight)
         table = fts_table(collection_id)
         if metadata_filter is None:
@@ -906,7 +939,7 @@ class SqliteStore:
             "chunks": counts["chunks"],
             "vector_indexes_loaded": loaded,
             "vector_memory_bytes": vector_bytes,
-            "technique_indexes": {index.name: index.stats(connection) for index in self._technique_indexes},
+            "technique_indexes": {index.name: index.stats() for index in self._technique_indexes},
         }
 
 
@@ -954,3 +987,9 @@ def _chunk(row: sqlite3.Row) -> StoredChunk:
         title=row["title"],
         metadata=orjson.loads(row["metadata"]),
     )
+
+
+def sqlite_connection(store: object) -> sqlite3.Connection:
+    """TRANSITIONAL: a store's SQLite connection, for technique code not yet behind its storage contract."""
+    assert isinstance(store, SqliteStore), "this technique runs on the SQLite backend only so far"
+    return store.connection()
