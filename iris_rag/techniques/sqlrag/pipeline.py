@@ -9,7 +9,6 @@ next to the collection's dense-retrieval passages, and come back in metadata wit
 from __future__ import annotations
 
 import re
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,12 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import (
     CollectionNotFoundError,
     InvalidParametersError,
-    RetrievalFailedError,
     SqlRejectedError,
 )
 from iris_rag.generation import ExtractiveGenerator, Generation, Passage
@@ -36,22 +33,19 @@ from iris_rag.techniques.base import Pipeline, QueryOptions, Retrieval, Retrieve
 from iris_rag.techniques.sqlrag.safety import (
     COMPLEXITY,
     MAX_SQL_CHARS,
-    CheckedSql,
     Complexity,
     SqlGate,
-    SqlResult,
     check_sql,
-    execute_readonly,
+    select_limits,
 )
 from iris_rag.techniques.sqlrag.schema import describe_tables, query_rules, schema_text
+from iris_rag.techniques.sqlrag.storage import CheckedSql, SqlResult, TableInfo
 from iris_rag.techniques.sqlrag.tables import (
     TABLE_PREFIX,
     DocumentViews,
     RawTable,
-    TableInfo,
     ensure_view,
     ingest_table,
-    list_tables,
     parse_csv,
     parse_records,
     read_table_file,
@@ -181,6 +175,7 @@ class SqlRagPipeline(Pipeline):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._views = DocumentViews(self.context.store)
+        self._storage = self._views.storage
         settings = self.context.settings
         self._gate = SqlGate(settings.sql_max_concurrent)
         self._writer = SqlWriter(settings) if settings.llm_provider == "openai" else None
@@ -276,9 +271,8 @@ class SqlRagPipeline(Pipeline):
         allowed_tables only narrows: a table of another collection is refused like one that does not
         exist, so no call reads another collection's rows.
         """
-        connection = sqlite_connection(self.context.store)
-        ensure_view(connection, collection_id)
-        tables = [t for t in list_tables(connection) if t.collection_id in (None, collection_id)]
+        ensure_view(self._storage, collection_id)
+        tables = [t for t in self._storage.list_tables() if t.collection_id in (None, collection_id)]
         if allowed_tables is None:
             return tables
         by_name = {t.name: t for t in tables}
@@ -302,26 +296,25 @@ class SqlRagPipeline(Pipeline):
     def _execute(self, sql: str, scope: list[TableInfo], params: SqlParams) -> tuple[CheckedSql, SqlResult]:
         """Check the statement against the scope and run it read-only."""
         check_cancelled()
-        connection = sqlite_connection(self.context.store)
-        existing = [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]
-        registered = [t.name for t in list_tables(connection)]
+        storage = self._storage
+        existing = storage.object_names()
+        registered = [t.name for t in storage.list_tables()]
         checked = check_sql(
             sql,
+            dialect=storage.dialect,
             allowed=[t.name for t in scope],
             registered=registered,
             existing=existing,
             complexity=params.max_sql_complexity,
             max_rows=params.max_rows,
         )
-        result = execute_readonly(
-            _database_file(connection),
-            checked,
-            allowed=[t.name for t in scope],
-            views=[t.name for t in scope if t.kind == "documents_view"],
+        limits = select_limits(
+            [t.name for t in scope],
+            [t.name for t in scope if t.kind == "documents_view"],
             allow_recursive=COMPLEXITY[params.max_sql_complexity].recursive,
             timeout_ms=params.timeout_ms,
-            gate=self._gate,
         )
+        result = storage.run_select(checked, limits, self._gate)
         return checked, result
 
     def _caller_sql(self, sql: str, scope: list[TableInfo], params: SqlParams) -> SqlRun:
@@ -346,7 +339,7 @@ class SqlRagPipeline(Pipeline):
                 "error.details.schema and call again with it"
             )
             raise InvalidParametersError(msg, self._schema_details(scope, reason))
-        described = describe_tables(sqlite_connection(self.context.store), scope)
+        described = describe_tables(self._storage, scope)
         schema = schema_text(described)
         rejected: list[dict[str, Any]] = []
         last: SqlRejectedError | None = None
@@ -369,13 +362,17 @@ class SqlRagPipeline(Pipeline):
                 continue
             return SqlRun("llm", checked, result, [*rejected, {"sql": sql, "rejected": None}])
         assert last is not None
-        last.details |= {"attempts": rejected, "schema": described, "rules": query_rules()}
+        last.details |= {
+            "attempts": rejected,
+            "schema": described,
+            "rules": query_rules(self._storage.dialect),
+        }
         raise last
 
     def _schema_details(self, scope: list[TableInfo], reason: str | None = None) -> dict[str, Any]:
         details: dict[str, Any] = {
-            "schema": describe_tables(sqlite_connection(self.context.store), scope),
-            "rules": query_rules(),
+            "schema": describe_tables(self._storage, scope),
+            "rules": query_rules(self._storage.dialect),
         }
         return {"reason": reason, **details} if reason else details
 
@@ -460,9 +457,7 @@ class SqlRagPipeline(Pipeline):
         if collection_id is not None:
             self._require_collection(collection_id)
         started = time.perf_counter()
-        result = ingest_table(
-            sqlite_connection(self.context.store), table, raw, collection_id=collection_id, source=source
-        )
+        result = ingest_table(self._storage, table, raw, collection_id=collection_id, source=source)
         return {**result, "time_ms": round((time.perf_counter() - started) * 1000, 3)}
 
     def ingest_table_file(self, path: Path, table: str, collection_id: str | None) -> dict[str, Any]:
@@ -485,14 +480,13 @@ class SqlRagPipeline(Pipeline):
         """rag_table_schema: the tables a statement may read, with columns, types and sample values."""
         arguments = validate_arguments("rag_table_schema", params)
         collection_id: str | None = arguments.get("collection_id")
-        connection = sqlite_connection(self.context.store)
         if collection_id is not None:
             self._require_collection(collection_id)
             tables = self._scope(collection_id, None)
         else:
             for collection in self.context.store.list_collections():
-                ensure_view(connection, collection.id)
-            tables = list_tables(connection)
+                ensure_view(self._storage, collection.id)
+            tables = self._storage.list_tables()
         wanted = arguments.get("tables")
         if wanted:
             by_name = {t.name: t for t in tables}
@@ -506,15 +500,6 @@ class SqlRagPipeline(Pipeline):
             tables = [t for t in tables if t in keys]
         return {
             "collection_id": collection_id,
-            "tables": describe_tables(connection, tables, arguments.get("sample_values", 3)),
-            "rules": query_rules(),
+            "tables": describe_tables(self._storage, tables, arguments.get("sample_values", 3)),
+            "rules": query_rules(self._storage.dialect),
         }
-
-
-def _database_file(connection: sqlite3.Connection) -> Path:
-    """The file behind the store's connection (what the read-only connection opens)."""
-    for _, name, file in connection.execute("PRAGMA database_list").fetchall():
-        if name == "main" and file:
-            return Path(file)
-    msg = "the store has no database file to open read-only"
-    raise RetrievalFailedError(msg)

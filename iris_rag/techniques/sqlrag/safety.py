@@ -2,30 +2,25 @@
 
 Two independent layers, so that a gap in one is caught by the other:
 
-1. check_sql() parses the statement with sqlglot (SQLite dialect) and refuses anything but exactly one
-   SELECT (or UNION/INTERSECT/EXCEPT of SELECTs) that reads only allowed tables, within the complexity
-   limits; it sets the row LIMIT and regenerates the SQL from the checked tree, so what runs is what
-   was checked.
-2. execute_readonly() runs it on a connection opened read-only (mode=ro, PRAGMA query_only) with an
-   authorizer that denies every action except SELECT, reads of the allowed tables and calls of known
-   pure functions, with SQLite's own limits lowered (value size, LIKE pattern length, no ATTACH) and a
-   progress handler that stops it past its time limit. It runs on its own thread under a watchdog: a
-   built-in function that loops in C (instr or replace over megabyte strings) never reaches the progress
-   handler, so the caller is answered at the time limit whatever the statement does, and a gate caps how
-   many statements run at once, so runaways cannot take every core from other calls.
+1. check_sql() parses the statement with sqlglot (in the store's dialect, StructuredTableStorage.dialect)
+   and refuses anything but exactly one SELECT (or UNION/INTERSECT/EXCEPT of SELECTs) that reads only
+   allowed tables, within the complexity limits; it sets the row LIMIT and regenerates the SQL from the
+   checked tree, so what runs is what was checked.
+2. The store runs it (StructuredTableStorage.run_select) read-only within select_limits(): only the
+   allowed tables, only SAFE_FUNCTIONS, bounded values and patterns, a time limit; on SQLite that is a
+   read-only connection with an authorizer, lowered limits, a progress handler and a watchdog thread.
+   A gate (SqlGate) caps how many statements run at once, so runaways cannot take every core from other
+   calls.
 """
 
 from __future__ import annotations
 
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
-from urllib.parse import quote as url_quote
 
 import sqlglot
 from sqlglot import exp
@@ -33,18 +28,19 @@ from sqlglot.errors import SqlglotError
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import SqlRejectedError
+from iris_rag.techniques.sqlrag.storage import CheckedSql, SelectLimits
 
 Complexity = Literal["simple", "moderate", "complex"]
 
 MAX_SQL_CHARS = 10_000
 MAX_PATTERN_CHARS = 1_000
 MAX_VALUE_BYTES = 1_000_000
-# VM instructions between two looks at the clock.
-_PROGRESS_STEP = 1_000
-# How often the caller looks at the statement's thread (its cancel token, its time limit).
+# How often a call waiting for a free slot looks at its cancel token.
 _WATCH_INTERVAL_S = 0.05
 # Statements that may run at once per process (SqlGate's default).
 DEFAULT_CONCURRENT_STATEMENTS = 2
+# How a dialect is named in messages.
+_DIALECT_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 # A printf/format field: %[flags][width][.precision]type, or "%%".
 _FORMAT_FIELD = re.compile(r"%%|%[-+ #0,!]*(\*|\d+)?(?:\.(\*|\d+))?")
 
@@ -120,40 +116,6 @@ _FORBIDDEN: tuple[type[exp.Expr], ...] = (
     exp.Describe,
 )
 _NESTED_QUERY_PARENTS = (exp.Subquery, exp.CTE, exp.SetOperation)
-# SQLite's own limits, lowered on the read-only connection (sqlite3.Connection.setlimit).
-_SQLITE_LIMITS = {
-    sqlite3.SQLITE_LIMIT_LENGTH: MAX_VALUE_BYTES,
-    sqlite3.SQLITE_LIMIT_SQL_LENGTH: 4 * MAX_SQL_CHARS,
-    sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 200,
-    sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 20,
-    sqlite3.SQLITE_LIMIT_ATTACHED: 0,
-    sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: MAX_PATTERN_CHARS,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class CheckedSql:
-    """A statement that passed the guard, as given and as it will run."""
-
-    sql: str
-    executed_sql: str
-    tables: tuple[str, ...]
-    ctes: tuple[str, ...]
-    complexity: dict[str, Any]
-    query_limit: int | None
-    row_limit: int
-    fetch_limit: int
-
-
-@dataclass(frozen=True, slots=True)
-class SqlResult:
-    """The rows a checked statement returned."""
-
-    columns: list[str]
-    rows: list[list[Any]]
-    truncated: bool
-    execution_ms: float
-    denied: list[str] = field(default_factory=list)
 
 
 def reject(reason: str, stage: Literal["parse", "check", "execution"] = "check") -> NoReturn:
@@ -193,6 +155,7 @@ def _function_name(node: exp.Func) -> str:
 def check_sql(
     sql: str,
     *,
+    dialect: str,
     allowed: Collection[str],
     registered: Collection[str],
     existing: Collection[str],
@@ -201,8 +164,9 @@ def check_sql(
 ) -> CheckedSql:
     """Parse and check one statement; returns it with the row limit applied, or raises SQL_REJECTED.
 
-    allowed: the table and view names the statement may read; registered: every structured table (for
-    messages); existing: every name in the database file, so that a CTE cannot shadow one.
+    dialect: the sqlglot dialect of the store it runs on; allowed: the table and view names the statement
+    may read; registered: every structured table (for messages); existing: every name in the database, so
+    that a CTE cannot shadow one.
     """
     text = sql.strip()
     if not text:
@@ -210,10 +174,10 @@ def check_sql(
     if len(text) > MAX_SQL_CHARS:
         reject(f"the statement has {len(text)} characters; at most {MAX_SQL_CHARS}", "parse")
     try:
-        parsed = sqlglot.parse(text, read="sqlite")
+        parsed = sqlglot.parse(text, read=dialect)
     except SqlglotError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        reject(f"it does not parse as SQLite: {first_line}", "parse")
+        reject(f"it does not parse as {_DIALECT_NAMES.get(dialect, dialect)}: {first_line}", "parse")
     statements = [s for s in parsed if s is not None and not isinstance(s, exp.Semicolon)]
     if len(statements) != 1:
         reject(f"exactly one statement is allowed; found {len(statements)}", "parse")
@@ -236,7 +200,7 @@ def check_sql(
         if isinstance(node, _FORBIDDEN):
             reject(f"{_statement_kind(node)} is not allowed inside a query")
         if isinstance(node, exp.Table):
-            _check_table(node, cte_names, allowed_names, registered_names, existing_names, used)
+            _check_table(node, dialect, cte_names, allowed_names, registered_names, existing_names, used)
         elif isinstance(node, exp.Func):
             _check_function(node)
         if isinstance(node, exp.Placeholder | exp.Parameter):
@@ -270,7 +234,7 @@ def check_sql(
     query_limit, row_limit, fetch_limit = _apply_limit(root, max_rows)
     return CheckedSql(
         sql=sql,
-        executed_sql=root.sql(dialect="sqlite"),
+        executed_sql=root.sql(dialect=dialect),
         tables=tuple(used),
         ctes=tuple(sorted(cte_names)),
         complexity=counts,
@@ -282,6 +246,7 @@ def check_sql(
 
 def _check_table(
     node: exp.Table,
+    dialect: str,
     cte_names: set[str],
     allowed: set[str],
     registered: set[str],
@@ -295,7 +260,7 @@ def _check_table(
         reject(f"table-valued functions such as {function}() are not allowed; query a table")
     database = node.db.lower()
     if node.catalog or database not in ("", "main"):
-        reject(f"{node.sql(dialect='sqlite')}: only the store's own tables can be read")
+        reject(f"{node.sql(dialect=dialect)}: only the store's own tables can be read")
     name = node.name.lower()
     if name in cte_names and not database:
         return
@@ -376,26 +341,6 @@ def _apply_limit(root: exp.Expr, max_rows: int) -> tuple[int | None, int, int]:
     return query_limit, row_limit, fetch_limit
 
 
-def _cell(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return "0x" + value.hex()
-    return value
-
-
-def readonly_connection(database: Path) -> sqlite3.Connection:
-    """A connection that cannot write: opened mode=ro, PRAGMA query_only, SQLite's limits lowered.
-
-    trusted_schema stays on: the documents views call json_extract, which SQLite 3.40 does not mark
-    innocuous; the authorizer already limits every function call, inside views too, to SAFE_FUNCTIONS.
-    """
-    uri = f"file:{url_quote(str(database.resolve()))}?mode=ro"
-    connection = sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None, check_same_thread=False)
-    for limit, value in _SQLITE_LIMITS.items():
-        connection.setlimit(limit, value)
-    connection.execute("PRAGMA query_only = ON")
-    return connection
-
-
 class SqlGate:
     """At most `limit` statements run at once; one that waits for a slot past its time limit is refused.
 
@@ -424,139 +369,17 @@ class SqlGate:
         self._slots.release()
 
 
-_DEFAULT_GATE = SqlGate()
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What the statement's thread hands back to the caller."""
-
-    done: threading.Event = field(default_factory=threading.Event)
-    columns: list[str] = field(default_factory=list)
-    fetched: list[Any] = field(default_factory=list)
-    error: sqlite3.Error | None = None
-
-
-def execute_readonly(
-    database: Path,
-    checked: CheckedSql,
-    *,
-    allowed: Collection[str],
-    views: Collection[str],
-    allow_recursive: bool,
-    timeout_ms: int,
-    gate: SqlGate | None = None,
-) -> SqlResult:
-    """Run a checked statement read-only under the authorizer, the gate and the time limit."""
-    allowed_names = {name.lower() for name in allowed} | set(checked.ctes)
-    view_names = {name.lower() for name in views}
-    denied: list[str] = []
-
-    def authorizer(
-        action: int, first: str | None, second: str | None, database: str | None, source: str | None
-    ) -> int:
-        if action == sqlite3.SQLITE_SELECT:
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_READ and database in (None, "main"):
-            table = (first or "").lower()
-            # A documents view reads the documents table: allowed only through an allowed view. count(*)
-            # over a view asks for the table itself with no column and no view named: no column is read.
-            through_view = (source or "").lower() in view_names or (bool(view_names) and not second)
-            if table in allowed_names or (table == "documents" and through_view):
-                return sqlite3.SQLITE_OK
-            denied.append(f"reading table {first!r}")
-            return sqlite3.SQLITE_DENY
-        if action == sqlite3.SQLITE_FUNCTION and (second or "").lower() in SAFE_FUNCTIONS:
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_RECURSIVE and allow_recursive:
-            return sqlite3.SQLITE_OK
-        denied.append(_action_name(action, first, second))
-        return sqlite3.SQLITE_DENY
-
-    gate = gate or _DEFAULT_GATE
-    limit_s = timeout_ms / 1000
-    gate.acquire(limit_s)
-    started = time.monotonic()
-    deadline = started + limit_s
-    timed_out = False
-
-    def progress() -> int:
-        nonlocal timed_out
-        timed_out = timed_out or time.monotonic() > deadline
-        return int(timed_out)
-
-    try:
-        connection = readonly_connection(database)
-    except BaseException:
-        gate.release()
-        raise
-    outcome = _Outcome()
-
-    def run() -> None:
-        try:
-            connection.set_authorizer(authorizer)
-            connection.set_progress_handler(progress, _PROGRESS_STEP)
-            cursor = connection.execute(checked.executed_sql)
-            outcome.columns = [d[0] for d in cursor.description or ()]
-            outcome.fetched = cursor.fetchmany(checked.fetch_limit)
-        except sqlite3.Error as exc:
-            outcome.error = exc
-        finally:
-            connection.close()
-            gate.release()
-            outcome.done.set()
-
-    threading.Thread(target=run, name="sql-statement", daemon=True).start()
-    while not outcome.done.wait(_WATCH_INTERVAL_S):
-        try:
-            check_cancelled()
-        except BaseException:
-            connection.interrupt()
-            raise
-        if time.monotonic() > deadline + _WATCH_INTERVAL_S:
-            # Stuck inside one C function: answer now; the thread ends (and frees its slot) on its own.
-            timed_out = True
-            connection.interrupt()
-            reject(
-                _execution_reason(sqlite3.OperationalError("interrupted"), [], True, timeout_ms), "execution"
-            )
-    if outcome.error is not None:
-        reject(_execution_reason(outcome.error, denied, timed_out, timeout_ms), "execution")
-    elapsed = (time.monotonic() - started) * 1000
-    rows = [[_cell(v) for v in row] for row in outcome.fetched[: checked.row_limit]]
-    return SqlResult(
-        outcome.columns, rows, len(outcome.fetched) > checked.row_limit, round(elapsed, 3), denied
+def select_limits(
+    allowed: Collection[str], views: Collection[str], *, allow_recursive: bool, timeout_ms: int
+) -> SelectLimits:
+    """The run-time limits of a statement: these tables (views among them), SAFE_FUNCTIONS, bounded sizes."""
+    return SelectLimits(
+        allowed=frozenset(name.lower() for name in allowed),
+        views=frozenset(name.lower() for name in views),
+        functions=SAFE_FUNCTIONS,
+        allow_recursive=allow_recursive,
+        timeout_ms=timeout_ms,
+        max_value_bytes=MAX_VALUE_BYTES,
+        max_pattern_chars=MAX_PATTERN_CHARS,
+        max_sql_chars=MAX_SQL_CHARS,
     )
-
-
-_ACTIONS = {
-    code: name
-    for name in """CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE CREATE_TEMP_TRIGGER
-    CREATE_TEMP_VIEW CREATE_TRIGGER CREATE_VIEW DELETE DROP_INDEX DROP_TABLE DROP_TEMP_INDEX DROP_TEMP_TABLE
-    DROP_TEMP_TRIGGER DROP_TEMP_VIEW DROP_TRIGGER DROP_VIEW INSERT PRAGMA READ SELECT TRANSACTION UPDATE
-    ATTACH DETACH ALTER_TABLE REINDEX ANALYZE CREATE_VTABLE DROP_VTABLE FUNCTION SAVEPOINT
-    RECURSIVE""".split()
-    if isinstance(code := getattr(sqlite3, f"SQLITE_{name}", None), int)
-}
-
-
-def _action_name(action: int, first: str | None, second: str | None) -> str:
-    if action == sqlite3.SQLITE_FUNCTION:
-        return f"calling function {second}()"
-    what = " ".join(repr(v) for v in (first, second) if v)
-    return f"{_ACTIONS.get(action, str(action))} {what}".strip()
-
-
-def _execution_reason(exc: sqlite3.Error, denied: list[str], timed_out: bool, timeout_ms: int) -> str:
-    message = str(exc)
-    if timed_out:
-        return f"it ran past the {timeout_ms} ms time limit and was stopped"
-    if denied:
-        return f"not authorized: {denied[0]}"
-    if "readonly" in message or "read-only" in message:
-        return "it tried to write; the connection is read-only"
-    if "too big" in message:
-        return f"a value grew past {MAX_VALUE_BYTES} bytes"
-    if "pattern too complex" in message:
-        return f"a LIKE/GLOB pattern longer than {MAX_PATTERN_CHARS} characters"
-    return f"SQLite error: {message}"

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from iris_rag.techniques.sqlrag.safety import COMPLEXITY, MAX_PATTERN_CHARS, MAX_SQL_CHARS, SAFE_FUNCTIONS
-from iris_rag.techniques.sqlrag.tables import TableInfo, quote
+from iris_rag.techniques.sqlrag.storage import StructuredTableStorage, TableInfo
 
 SAMPLE_CHARS = 60
 
@@ -19,35 +18,26 @@ def _sample(value: Any) -> Any:
     return value
 
 
-def row_count(connection: sqlite3.Connection, info: TableInfo) -> int:
+def row_count(storage: StructuredTableStorage, info: TableInfo) -> int:
     """Rows now: stored at ingest for a table, counted for a documents view (its collection changes)."""
-    if info.kind == "table":
+    if info.kind == "table" or info.collection_id is None:
         return info.row_count
-    row = connection.execute(
-        "SELECT COUNT(*) FROM documents WHERE collection_id = ?", (info.collection_id,)
-    ).fetchone()
-    return int(row[0])
+    return storage.document_count(info.collection_id)
 
 
-def describe_table(connection: sqlite3.Connection, info: TableInfo, sample_values: int) -> dict[str, Any]:
+def describe_table(storage: StructuredTableStorage, info: TableInfo, sample_values: int) -> dict[str, Any]:
     """One table with its columns, their types and up to sample_values distinct non-null values each."""
-    columns = []
-    for column in info.columns:
-        samples: list[Any] = []
-        if sample_values > 0:
-            rows = connection.execute(
-                f"SELECT DISTINCT {quote(column.name)} FROM {quote(info.name)} "
-                f"WHERE {quote(column.name)} IS NOT NULL LIMIT ?",
-                (sample_values,),
-            ).fetchall()
-            samples = [_sample(row[0]) for row in rows]
-        columns.append({**column.to_dict(), "samples": samples})
+    samples = storage.samples(info, sample_values) if sample_values > 0 else [[] for _ in info.columns]
+    columns = [
+        {**column.to_dict(), "samples": [_sample(value) for value in values]}
+        for column, values in zip(info.columns, samples, strict=True)
+    ]
     return {
         "name": info.name,
         "kind": info.kind,
         "source_name": info.source_name,
         "collection_id": info.collection_id,
-        "row_count": row_count(connection, info),
+        "row_count": row_count(storage, info),
         "source": info.source,
         "updated_at": info.updated_at,
         "columns": columns,
@@ -55,16 +45,16 @@ def describe_table(connection: sqlite3.Connection, info: TableInfo, sample_value
 
 
 def describe_tables(
-    connection: sqlite3.Connection, tables: list[TableInfo], sample_values: int = 3
+    storage: StructuredTableStorage, tables: list[TableInfo], sample_values: int = 3
 ) -> list[dict[str, Any]]:
     """describe_table() for each table, in order."""
-    return [describe_table(connection, info, sample_values) for info in tables]
+    return [describe_table(storage, info, sample_values) for info in tables]
 
 
-def query_rules() -> dict[str, Any]:
-    """The rules every statement must follow, whatever wrote it."""
+def query_rules(dialect: str) -> dict[str, Any]:
+    """The rules every statement must follow, whatever wrote it, in the store's dialect."""
     return {
-        "dialect": "sqlite",
+        "dialect": dialect,
         "statement": "exactly one SELECT (UNION/INTERSECT/EXCEPT of SELECTs and WITH ... SELECT allowed)",
         "tables": "only the tables listed here, by their name (t_<table> or documents_<collection>)",
         "complexity": {level: limits.describe() for level, limits in COMPLEXITY.items()},

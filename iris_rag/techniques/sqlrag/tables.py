@@ -1,8 +1,9 @@
-"""Structured tables: CSV or JSON lines stored as real SQLite tables with inferred column types.
+"""Structured tables: CSV or JSON lines stored as real tables with inferred column types.
 
-Every queryable object is listed in the registry table `structured_tables`: ingested tables (`t_<name>`)
+Every queryable object is registered by the store (StructuredTableStorage): ingested tables (`t_<name>`)
 and one read-only view per collection (`documents_<collection>`) that exposes each document's id, title,
-timestamps and top-level metadata keys as columns. Nothing that is not in the registry can be queried.
+timestamps and top-level metadata keys as columns. Nothing that is not registered can be queried. This
+module decides types, names and columns; the backend stores them.
 """
 
 from __future__ import annotations
@@ -10,55 +11,32 @@ from __future__ import annotations
 import csv
 import io
 import re
-import sqlite3
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
-from iris_rag.backends.sqlite.filters import json_path
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.errors import InvalidParametersError
 from iris_rag.stores.base import DocumentInput, DocumentStore
-
-ColumnType = Literal["INTEGER", "REAL", "BOOLEAN", "DATE", "DATETIME", "TEXT", "JSON"]
-TableKind = Literal["table", "documents_view"]
+from iris_rag.techniques.sqlrag.storage import (
+    Column,
+    ColumnType,
+    NewTable,
+    StructuredTableStorage,
+    TableInfo,
+    ViewSpec,
+)
 
 TABLE_PREFIX = "t_"
 VIEW_PREFIX = "documents_"
-REGISTRY_TABLE = "structured_tables"
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 MAX_COLUMNS = 200
 MAX_ROWS = 1_000_000
 MAX_VIEW_COLUMNS = 100
-
-# How each inferred type is declared: dates stay ISO 8601 text, so they compare and sort as dates.
-SQL_TYPES: dict[ColumnType, str] = {
-    "INTEGER": "INTEGER",
-    "REAL": "REAL",
-    "BOOLEAN": "INTEGER",
-    "DATE": "TEXT",
-    "DATETIME": "TEXT",
-    "TEXT": "TEXT",
-    "JSON": "TEXT",
-}
-
-_REGISTRY_DDL = f"""
-CREATE TABLE IF NOT EXISTS {REGISTRY_TABLE} (
-    name          TEXT PRIMARY KEY,
-    kind          TEXT NOT NULL,
-    source_name   TEXT NOT NULL,
-    collection_id TEXT,
-    columns       TEXT NOT NULL,
-    row_count     INTEGER NOT NULL,
-    source        TEXT NOT NULL,
-    created_at    TEXT NOT NULL,
-    updated_at    TEXT NOT NULL
-)"""
 
 _INTEGER = re.compile(r"^[+-]?(0|[1-9][0-9]*)$")
 # No leading zeros: codes such as '02134' stay text.
@@ -91,44 +69,12 @@ _VIEW_BASE: tuple[tuple[str, ColumnType], ...] = (
 
 
 @dataclass(frozen=True, slots=True)
-class Column:
-    """A column of a structured table: its SQL name, where it came from, and its inferred type."""
-
-    name: str
-    source: str
-    type: ColumnType
-
-    def to_dict(self) -> dict[str, Any]:
-        """The wire shape."""
-        return {"name": self.name, "source_name": self.source, "type": self.type}
-
-
-@dataclass(frozen=True, slots=True)
-class TableInfo:
-    """One registry row: a queryable table or documents view."""
-
-    name: str
-    kind: TableKind
-    source_name: str
-    collection_id: str | None
-    columns: tuple[Column, ...]
-    row_count: int
-    source: str
-    created_at: str
-    updated_at: str
-
-
-@dataclass(frozen=True, slots=True)
 class RawTable:
     """Rows read from a source before typing: CSV cells are text, JSON cells keep their JSON types."""
 
     headers: list[str]
     rows: list[list[Any]]
     typed: bool
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 # Type inference
@@ -348,68 +294,7 @@ def read_table_file(path: Path) -> RawTable:
     return parse_json_lines(text)
 
 
-# The registry
-def create_registry(connection: sqlite3.Connection) -> None:
-    """Create the registry table if absent."""
-    connection.execute(_REGISTRY_DDL)
-
-
-def _info(row: Sequence[Any]) -> TableInfo:
-    name, kind, source_name, collection_id, columns, row_count, source, created_at, updated_at = row
-    return TableInfo(
-        name=name,
-        kind=kind,
-        source_name=source_name,
-        collection_id=collection_id,
-        columns=tuple(Column(c["name"], c["source"], c["type"]) for c in orjson.loads(columns)),
-        row_count=row_count,
-        source=source,
-        created_at=created_at,
-        updated_at=updated_at,
-    )
-
-
-_SELECT = (
-    "SELECT name, kind, source_name, collection_id, columns, row_count, source, created_at, updated_at "
-    f"FROM {REGISTRY_TABLE}"
-)
-
-
-def list_tables(connection: sqlite3.Connection) -> list[TableInfo]:
-    """Every registered table and view, tables first, by name."""
-    rows = connection.execute(f"{_SELECT} ORDER BY kind DESC, name").fetchall()
-    return [_info(row) for row in rows]
-
-
-def get_table(connection: sqlite3.Connection, name: str) -> TableInfo | None:
-    """One registry entry by its SQL name (case-insensitive)."""
-    row = connection.execute(f"{_SELECT} WHERE name = ?", (name.lower(),)).fetchone()
-    return _info(row) if row else None
-
-
-def _upsert(connection: sqlite3.Connection, info: TableInfo) -> None:
-    columns = orjson.dumps([{"name": c.name, "source": c.source, "type": c.type} for c in info.columns])
-    connection.execute(
-        f"INSERT OR REPLACE INTO {REGISTRY_TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            info.name,
-            info.kind,
-            info.source_name,
-            info.collection_id,
-            columns.decode(),
-            info.row_count,
-            info.source,
-            info.created_at,
-            info.updated_at,
-        ),
-    )
-
-
-def quote(identifier: str) -> str:
-    """An SQL identifier in double quotes."""
-    return '"' + identifier.replace('"', '""') + '"'
-
-
+# Ingesting a table
 def table_sql_name(table: str) -> str:
     """t_<name> for a valid table name (a letter, then letters, digits or '_'; at most 48)."""
     if not TABLE_NAME.match(table):
@@ -418,7 +303,6 @@ def table_sql_name(table: str) -> str:
     return TABLE_PREFIX + table.lower()
 
 
-# Ingesting a table
 def build_table(raw: RawTable) -> tuple[tuple[Column, ...], list[list[Any]]]:
     """Infer each column's type and convert every cell to it."""
     if not raw.headers:
@@ -443,7 +327,7 @@ def build_table(raw: RawTable) -> tuple[tuple[Column, ...], list[list[Any]]]:
 
 
 def ingest_table(
-    connection: sqlite3.Connection,
+    storage: StructuredTableStorage,
     table: str,
     raw: RawTable,
     *,
@@ -453,44 +337,15 @@ def ingest_table(
     """Create or replace t_<table> with the rows, and register it, in one transaction."""
     sql_name = table_sql_name(table)
     columns, rows = build_table(raw)
-    definition = ", ".join(f"{quote(c.name)} {SQL_TYPES[c.type]}" for c in columns)
-    placeholders = ", ".join("?" * len(columns))
-    now = _now()
-    connection.execute("BEGIN IMMEDIATE")
-    try:
-        existing = get_table(connection, sql_name)
-        other = connection.execute(
-            "SELECT type FROM sqlite_master WHERE lower(name) = ?", (sql_name,)
-        ).fetchone()
-        if other is not None and existing is None:
-            msg = f"a {other[0]} named {sql_name!r} exists and is not a structured table; choose another name"
-            raise InvalidParametersError(msg)
-        connection.execute(f"DROP TABLE IF EXISTS {quote(sql_name)}")
-        connection.execute(f"CREATE TABLE {quote(sql_name)} ({definition})")
-        connection.executemany(f"INSERT INTO {quote(sql_name)} VALUES ({placeholders})", rows)
-        info = TableInfo(
-            name=sql_name,
-            kind="table",
-            source_name=table.lower(),
-            collection_id=collection_id,
-            columns=columns,
-            row_count=len(rows),
-            source=source,
-            created_at=existing.created_at if existing else now,
-            updated_at=now,
-        )
-        _upsert(connection, info)
-        connection.execute("COMMIT")
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
+    new = NewTable(sql_name, table.lower(), collection_id, columns, rows, source)
+    info, replaced = storage.replace_table(new)
     return {
         "table": info.source_name,
         "sql_name": sql_name,
         "collection_id": collection_id,
         "row_count": len(rows),
         "columns": [c.to_dict() for c in columns],
-        "replaced": existing is not None,
+        "replaced": replaced is not None,
     }
 
 
@@ -505,35 +360,13 @@ def metadata_types(metadatas: Iterable[Mapping[str, Any]]) -> dict[str, ColumnTy
     return types
 
 
-def _view_name(connection: sqlite3.Connection, collection_id: str) -> str:
-    base = VIEW_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", collection_id).lower()
-    name, n = base, 2
-    # Two collection ids can map to one name ('a-b', 'a_b'): the later one gets a suffix.
-    while connection.execute("SELECT 1 FROM sqlite_master WHERE lower(name) = ?", (name,)).fetchone():
-        name, n = f"{base}_{n}", n + 1
-    return name
+def view_columns(
+    existing: TableInfo | None, key_types: Mapping[str, ColumnType | None]
+) -> tuple[tuple[Column, ...], bool]:
+    """The view's metadata columns after these keys (new keys added, types widened) and if they changed.
 
-
-def view_for(connection: sqlite3.Connection, collection_id: str) -> TableInfo | None:
-    """The registered documents view of a collection, if it was built."""
-    row = connection.execute(
-        f"{_SELECT} WHERE kind = 'documents_view' AND collection_id = ?", (collection_id,)
-    ).fetchone()
-    return _info(row) if row else None
-
-
-def _sql_text(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def refresh_view(
-    connection: sqlite3.Connection, collection_id: str, key_types: Mapping[str, ColumnType | None]
-) -> TableInfo:
-    """Add new metadata keys to the collection's view (recreating it) and update column types.
-
-    Runs inside the caller's transaction.
+    A change of the column set means the view must be recreated.
     """
-    existing = view_for(connection, collection_id)
     base = [Column(name, name, kind) for name, kind in _VIEW_BASE]
     metadata_columns = list(existing.columns[len(base) :]) if existing else []
     by_source = {c.source: i for i, c in enumerate(metadata_columns)}
@@ -548,53 +381,37 @@ def refresh_view(
             metadata_columns.append(Column(unique_names([key], taken)[0], key, kind or "TEXT"))
             by_source[key] = len(metadata_columns) - 1
             changed = True
-    name = existing.name if existing else _view_name(connection, collection_id)
-    if changed:
-        selects = [quote(c.name) for c in base] + [
-            f"json_extract(metadata, {_sql_text(json_path(c.source))}) AS {quote(c.name)}"
-            for c in metadata_columns
-        ]
-        connection.execute(f"DROP VIEW IF EXISTS {quote(name)}")
-        connection.execute(
-            f"CREATE VIEW {quote(name)} AS SELECT {', '.join(selects)} FROM documents "
-            f"WHERE collection_id = {_sql_text(collection_id)}"
-        )
-    count = connection.execute(
-        "SELECT COUNT(*) FROM documents WHERE collection_id = ?", (collection_id,)
-    ).fetchone()[0]
-    now = _now()
-    info = TableInfo(
-        name=name,
-        kind="documents_view",
-        source_name=collection_id,
+    return tuple(metadata_columns), changed
+
+
+def refresh_view(
+    storage: StructuredTableStorage, collection_id: str, key_types: Mapping[str, ColumnType | None]
+) -> TableInfo:
+    """Add new metadata keys to the collection's view (recreating it) and update column types.
+
+    Runs inside the caller's transaction.
+    """
+    metadata_columns, changed = view_columns(storage.view_for(collection_id), key_types)
+    view = ViewSpec(
         collection_id=collection_id,
-        columns=tuple(base + metadata_columns),
-        row_count=int(count),
+        base_name=VIEW_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", collection_id).lower(),
+        document_columns=tuple(Column(name, name, kind) for name, kind in _VIEW_BASE),
+        metadata_columns=metadata_columns,
         source=f"documents of collection {collection_id}",
-        created_at=existing.created_at if existing else now,
-        updated_at=now,
     )
-    _upsert(connection, info)
-    return info
+    return storage.save_view(view, rebuild=changed)
 
 
-def ensure_view(connection: sqlite3.Connection, collection_id: str) -> TableInfo:
+def ensure_view(storage: StructuredTableStorage, collection_id: str) -> TableInfo:
     """The collection's view, built from its stored documents if it was ingested before the view existed."""
-    info = view_for(connection, collection_id)
+    info = storage.view_for(collection_id)
     if info is not None:
         return info
-    connection.execute("BEGIN IMMEDIATE")
-    try:
-        info = view_for(connection, collection_id)
+    with storage.transaction():
+        info = storage.view_for(collection_id)
         if info is None:
-            rows = connection.execute(
-                "SELECT metadata FROM documents WHERE collection_id = ?", (collection_id,)
-            ).fetchall()
-            info = refresh_view(connection, collection_id, metadata_types(orjson.loads(r[0]) for r in rows))
-        connection.execute("COMMIT")
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
+            key_types = metadata_types(storage.document_metadata(collection_id))
+            info = refresh_view(storage, collection_id, key_types)
     return info
 
 
@@ -604,40 +421,29 @@ class DocumentViews:
     name = "sqlrag_documents_views"
 
     def __init__(self, store: DocumentStore) -> None:
-        self.store = store
-
-    def create_tables(self) -> None:
-        """Create the registry of structured tables."""
-        connection = sqlite_connection(self.store)
-        create_registry(connection)
+        # Getting the storage creates the registry, so it exists before the first ingest writes to it.
+        # A Protocol is abstract to mypy, yet it is exactly the key the backend's table is looked up by.
+        self.storage = store.technique_storage(StructuredTableStorage)  # type: ignore[type-abstract]
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> dict[str, ColumnType | None]:
         """The metadata keys of the incoming documents and their value types."""
         return metadata_types(d.metadata for d in documents)
 
     def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
-        """Add columns for new keys to the view (it reads the documents table itself: no rows to copy)."""
-        connection = sqlite_connection(self.store)
-        refresh_view(connection, collection_id, prepared)
+        """Add columns for new keys to the view (it reads the documents themselves: no rows to copy)."""
+        refresh_view(self.storage, collection_id, prepared)
 
     def delete(self, collection_id: str, document_id: str) -> None:
         """Nothing: a deleted document leaves the view with its row."""
-        sqlite_connection(self.store)
 
     def stats(self) -> dict[str, Any]:
         """How many tables and documents views are registered."""
-        connection = sqlite_connection(self.store)
-        rows = connection.execute(f"SELECT kind, COUNT(*) FROM {REGISTRY_TABLE} GROUP BY kind").fetchall()
-        counts = {kind: count for kind, count in rows}
+        counts = self.storage.counts()
         return {"tables": counts.get("table", 0), "documents_views": counts.get("documents_view", 0)}
 
     def indexed_documents(self, collection_id: str) -> int:
-        """Every document: the view reads the documents table, and a missing view is built on first use.
+        """Every document: the view reads the documents, and a missing view is built on first use.
 
         So a collection ingested before rag_sqlrag existed never needs a reindex for it (ensure_view).
         """
-        connection = sqlite_connection(self.store)
-        row = connection.execute(
-            "SELECT COUNT(*) FROM documents WHERE collection_id = ?", (collection_id,)
-        ).fetchone()
-        return int(row[0])
+        return self.storage.document_count(collection_id)

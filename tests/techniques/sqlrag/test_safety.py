@@ -9,18 +9,15 @@ from typing import Any
 
 import pytest
 
-from iris_rag.backends.sqlite.store import sqlite_connection
+from iris_rag.backends.sqlite.sqlrag import execute_readonly, readonly_connection
+from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.cancellation import CancelToken, cancellation_scope
 from iris_rag.errors import RequestCancelledError, SqlRejectedError
 from iris_rag.service import RagService
 from iris_rag.techniques.sqlrag import safety
 from iris_rag.techniques.sqlrag.pipeline import SqlRagPipeline
-from iris_rag.techniques.sqlrag.safety import (
-    CheckedSql,
-    check_sql,
-    execute_readonly,
-    readonly_connection,
-)
+from iris_rag.techniques.sqlrag.safety import check_sql, select_limits
+from iris_rag.techniques.sqlrag.storage import CheckedSql
 from tests.conftest import DOCUMENTS
 
 SALES = [
@@ -56,9 +53,16 @@ def run_sql(service: RagService, sql: str, **params: Any) -> dict[str, Any]:
     return service.execute({"technique": "sqlrag", "arguments": arguments})
 
 
+def sqlite_file(service: RagService) -> sqlite3.Connection:
+    """The store's own connection, for checks of what the SQLite file really holds."""
+    store = service.store
+    assert isinstance(store, SqliteStore)
+    return store.connection()
+
+
 def file_digest(service: RagService) -> str:
     """SHA-256 of the database file after moving everything in the WAL into it."""
-    sqlite_connection(service.store).execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    sqlite_file(service).execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return hashlib.sha256(service.settings.database_path.read_bytes()).hexdigest()
 
 
@@ -218,7 +222,7 @@ def test_hostile_statements_are_rejected_or_contained_and_the_file_is_unchanged(
 
     assert file_digest(guarded) == before, "the database file changed"
     assert not any(path.exists() for path in EVIL_FILES)
-    count = sqlite_connection(guarded.store).execute("SELECT count(*) FROM t_sales").fetchone()[0]
+    count = sqlite_file(guarded).execute("SELECT count(*) FROM t_sales").fetchone()[0]
     assert count == 3
     # A few reasons, to show they say what was wrong.
     said = dict(zip([(sql, repr(params)) for sql, params in HOSTILE], reasons, strict=True))
@@ -241,7 +245,13 @@ def test_complexity_is_counted_as_documented() -> None:
         "UNION SELECT region, 1 FROM t_b"
     )
     checked = check_sql(
-        sql, allowed=["t_a", "t_b"], registered=[], existing=[], complexity="complex", max_rows=10
+        sql,
+        dialect="sqlite",
+        allowed=["t_a", "t_b"],
+        registered=[],
+        existing=[],
+        complexity="complex",
+        max_rows=10,
     )
     assert checked.complexity == {
         "joins": 1,
@@ -253,7 +263,15 @@ def test_complexity_is_counted_as_documented() -> None:
     }
     assert checked.tables == ("t_a", "t_b")
     with pytest.raises(SqlRejectedError, match="3 subqueries"):
-        check_sql(sql, allowed=["t_a", "t_b"], registered=[], existing=[], complexity="moderate", max_rows=10)
+        check_sql(
+            sql,
+            dialect="sqlite",
+            allowed=["t_a", "t_b"],
+            registered=[],
+            existing=[],
+            complexity="moderate",
+            max_rows=10,
+        )
 
 
 @pytest.mark.parametrize(
@@ -271,7 +289,13 @@ def test_the_row_limit_is_the_smaller_one(
     sql: str, max_rows: int, query_limit: int | None, row_limit: int, executed_limit: str
 ) -> None:
     checked = check_sql(
-        sql, allowed=["t_a"], registered=[], existing=[], complexity="moderate", max_rows=max_rows
+        sql,
+        dialect="sqlite",
+        allowed=["t_a"],
+        registered=[],
+        existing=[],
+        complexity="moderate",
+        max_rows=max_rows,
     )
     assert (checked.query_limit, checked.row_limit) == (query_limit, row_limit)
     assert checked.executed_sql.endswith(executed_limit)
@@ -291,10 +315,8 @@ def test_the_runtime_layer_stops_what_the_check_would_have_caught(guarded: RagSe
             execute_readonly(
                 database,
                 _unchecked(sql),
-                allowed=["t_sales"],
-                views=[],
-                allow_recursive=False,
-                timeout_ms=500,
+                select_limits(["t_sales"], [], allow_recursive=False, timeout_ms=500),
+                safety.SqlGate(),
             )
         return str(caught.value.details["reason"])
 
@@ -308,17 +330,15 @@ def test_the_runtime_layer_stops_what_the_check_would_have_caught(guarded: RagSe
     assert "ATTACH" in run("ATTACH DATABASE '/tmp/iris-rag-evil.db' AS evil")
     assert "one statement at a time" in run("SELECT 1; DELETE FROM t_sales")
     # Without any authorizer the connection still cannot write.
-    connection = readonly_connection(database)
+    connection = readonly_connection(database, select_limits([], [], allow_recursive=False, timeout_ms=500))
     with pytest.raises(sqlite3.OperationalError, match=r"readonly|read-only"):
         connection.execute("CREATE TABLE evil (x)")
     connection.close()
     allowed = execute_readonly(
         database,
         _unchecked("SELECT id FROM documents_docs ORDER BY id"),
-        allowed=["documents_docs"],
-        views=["documents_docs"],
-        allow_recursive=False,
-        timeout_ms=500,
+        select_limits(["documents_docs"], ["documents_docs"], allow_recursive=False, timeout_ms=500),
+        safety.SqlGate(),
     )
     assert allowed.rows == [["aspirin"], ["sourdough"], ["volcano"]]
     assert file_digest(guarded) == before
@@ -385,18 +405,15 @@ def test_the_gate_caps_running_statements_and_refuses_a_call_that_waits_too_long
     runaway = _unchecked(f"SELECT instr({MEGABYTE_A}, printf('%.400000c', 'a') || 'b')")
     with pytest.raises(SqlRejectedError, match="time limit"):
         execute_readonly(
-            database, runaway, allowed=[], views=[], allow_recursive=False, timeout_ms=100, gate=gate
+            database, runaway, select_limits([], [], allow_recursive=False, timeout_ms=100), gate
         )
     started = time.perf_counter()
     with pytest.raises(SqlRejectedError, match="1 SQL statements are already running"):
         execute_readonly(
             database,
             _unchecked("SELECT 1"),
-            allowed=[],
-            views=[],
-            allow_recursive=False,
-            timeout_ms=200,
-            gate=gate,
+            select_limits([], [], allow_recursive=False, timeout_ms=200),
+            gate,
         )
     assert time.perf_counter() - started < 3.0
     # Once the runaway really ends, its slot is free again.
@@ -406,11 +423,8 @@ def test_the_gate_caps_running_statements_and_refuses_a_call_that_waits_too_long
             result = execute_readonly(
                 database,
                 _unchecked("SELECT 1"),
-                allowed=[],
-                views=[],
-                allow_recursive=False,
-                timeout_ms=200,
-                gate=gate,
+                select_limits([], [], allow_recursive=False, timeout_ms=200),
+                gate,
             )
             break
         except SqlRejectedError:

@@ -1,26 +1,25 @@
 """Structured tables: type inference, CSV and JSON-lines reading, one-transaction replace, documents views."""
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from iris_rag.backends.sqlite.store import sqlite_connection
+from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.errors import InvalidParametersError
 from iris_rag.service import RagService
 from iris_rag.techniques.sqlrag.pipeline import SqlRagPipeline
+from iris_rag.techniques.sqlrag.storage import StructuredTableStorage
 from iris_rag.techniques.sqlrag.tables import (
     build_table,
     classify,
     ensure_view,
-    get_table,
     infer_type,
-    list_tables,
     parse_csv,
     parse_json_lines,
     parse_records,
     read_table_file,
     unique_names,
-    view_for,
 )
 from tests.conftest import DOCUMENTS
 
@@ -36,6 +35,17 @@ def sqlrag(service: RagService) -> SqlRagPipeline:
     pipeline = service.pipelines["sqlrag"]
     assert isinstance(pipeline, SqlRagPipeline)
     return pipeline
+
+
+def tables(service: RagService) -> StructuredTableStorage:
+    return service.store.technique_storage(StructuredTableStorage)  # type: ignore[type-abstract]
+
+
+def sqlite_file(service: RagService) -> sqlite3.Connection:
+    """The store's own connection, for checks of what SQLite really holds."""
+    store = service.store
+    assert isinstance(store, SqliteStore)
+    return store.connection()
 
 
 def test_csv_column_types_are_inferred_and_cells_converted() -> None:
@@ -147,7 +157,7 @@ def test_ingest_creates_a_real_typed_table_and_registers_it(service: RagService,
     path.write_text(SALES_CSV, encoding="utf-8")
     result = sqlrag(service).ingest_table_file(path, "Sales", "docs")
     assert result["sql_name"] == "t_sales" and result["row_count"] == 3 and result["replaced"] is False
-    connection = sqlite_connection(service.store)
+    connection = sqlite_file(service)
     declared = {row[1]: row[2] for row in connection.execute('PRAGMA table_info("t_sales")')}
     assert declared == {
         "region": "TEXT",
@@ -160,22 +170,22 @@ def test_ingest_creates_a_real_typed_table_and_registers_it(service: RagService,
     }
     total = connection.execute("SELECT sum(amount) FROM t_sales WHERE region = 'north'").fetchone()[0]
     assert total == 13.5
-    info = get_table(connection, "t_sales")
+    info = tables(service).get_table("t_sales")
     assert info is not None
     assert (info.kind, info.collection_id, info.row_count, info.source) == ("table", "docs", 3, "sales.csv")
-    assert {t.name for t in list_tables(connection)} == {"t_sales", "documents_docs"}
+    assert {t.name for t in tables(service).list_tables()} == {"t_sales", "documents_docs"}
 
 
 def test_reingest_replaces_the_table_in_one_transaction(service: RagService) -> None:
     pipeline = sqlrag(service)
     first = pipeline.ingest_table({"table": "scores", "rows": [{"who": "a", "points": 1}, {"who": "b"}]})
-    created = get_table(sqlite_connection(service.store), "t_scores")
+    created = tables(service).get_table("t_scores")
     assert first["replaced"] is False and created is not None
     second = pipeline.ingest_table({"table": "scores", "csv": "team,total,day\nx,3.5,2024-01-01\n"})
     assert second["replaced"] is True
-    connection = sqlite_connection(service.store)
+    connection = sqlite_file(service)
     assert [tuple(r) for r in connection.execute("SELECT * FROM t_scores")] == [("x", 3.5, "2024-01-01")]
-    replaced = get_table(connection, "t_scores")
+    replaced = tables(service).get_table("t_scores")
     assert replaced is not None
     assert [c.name for c in replaced.columns] == ["team", "total", "day"]
     assert replaced.created_at == created.created_at and replaced.row_count == 1
@@ -187,14 +197,14 @@ def test_reingest_replaces_the_table_in_one_transaction(service: RagService) -> 
     with pytest.raises(InvalidParametersError, match="not a structured table"):
         pipeline.ingest_table({"table": "foreign", "rows": [{"y": 1}]})
     assert connection.execute("SELECT x FROM t_foreign").fetchall()[0][0] == 42
-    assert get_table(connection, "t_foreign") is None
+    assert tables(service).get_table("t_foreign") is None
     assert not connection.in_transaction
 
 
 def test_documents_view_follows_ingest(service: RagService) -> None:
     service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
-    connection = sqlite_connection(service.store)
-    view = view_for(connection, "docs")
+    connection = sqlite_file(service)
+    view = tables(service).view_for("docs")
     assert view is not None and view.name == "documents_docs"
     assert [(c.name, c.type) for c in view.columns] == [
         ("id", "TEXT"),
@@ -213,7 +223,7 @@ def test_documents_view_follows_ingest(service: RagService) -> None:
         "metadata": {"journal": "Nature", "year": 2023.5, "title": "clash"},
     }
     service.ingest({"collection_id": "docs", "documents": [extra]})
-    view = view_for(connection, "docs")
+    view = tables(service).view_for("docs")
     assert view is not None
     columns = {c.name: (c.source, c.type) for c in view.columns}
     assert columns["journal"] == ("journal", "TEXT")
@@ -229,8 +239,8 @@ def test_documents_view_follows_ingest(service: RagService) -> None:
 def test_views_are_built_for_older_collections_and_never_collide(service: RagService) -> None:
     service.ingest({"collection_id": "a-b", "documents": DOCUMENTS[:1]})
     service.ingest({"collection_id": "a_b", "documents": DOCUMENTS[1:2]})
-    connection = sqlite_connection(service.store)
-    first, second = view_for(connection, "a-b"), view_for(connection, "a_b")
+    connection = sqlite_file(service)
+    first, second = tables(service).view_for("a-b"), tables(service).view_for("a_b")
     assert first is not None and second is not None
     assert (first.name, second.name) == ("documents_a_b", "documents_a_b_2")
 
@@ -240,8 +250,8 @@ def test_views_are_built_for_older_collections_and_never_collide(service: RagSer
     index = sqlrag(service).technique_index()
     assert index.indexed_documents("a-b") == 1, "never stale: the view is built on first use"
     assert "sqlrag" not in service.stale_indexes("a-b")
-    assert view_for(connection, "a-b") is None
-    rebuilt = ensure_view(connection, "a-b")
+    assert tables(service).view_for("a-b") is None
+    rebuilt = ensure_view(tables(service), "a-b")
     assert [c.name for c in rebuilt.columns][-2:] == ["year", "topic"]
     assert connection.execute(f"SELECT id FROM {rebuilt.name}").fetchall()[0][0] == "aspirin"
     assert index.stats() == {"tables": 0, "documents_views": 2}

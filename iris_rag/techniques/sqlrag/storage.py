@@ -1,0 +1,166 @@
+"""The storage contract of rag_sqlrag: structured tables, documents views and read-only statements.
+
+What the technique decides (column types, names, the guard's policy) stays in the technique; each backend
+implements this contract (backends/<backend>/sqlrag.py): how a table or view is stored, described and how a
+checked SELECT runs read-only within its limits. Table names are the registry's SQL names (t_<name>,
+documents_<collection>).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+ColumnType = Literal["INTEGER", "REAL", "BOOLEAN", "DATE", "DATETIME", "TEXT", "JSON"]
+TableKind = Literal["table", "documents_view"]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column of a structured table: its SQL name, where it came from, and its inferred type."""
+
+    name: str
+    source: str
+    type: ColumnType
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire shape."""
+        return {"name": self.name, "source_name": self.source, "type": self.type}
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """One registry row: a queryable table or documents view."""
+
+    name: str
+    kind: TableKind
+    source_name: str
+    collection_id: str | None
+    columns: tuple[Column, ...]
+    row_count: int
+    source: str
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class NewTable:
+    """A typed table to store under `name`, replacing the structured table of that name if any."""
+
+    name: str
+    source_name: str
+    collection_id: str | None
+    columns: tuple[Column, ...]
+    rows: list[list[Any]]  # cells already converted to their column's type
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSpec:
+    """A collection's documents view: one row per document, with these columns."""
+
+    collection_id: str
+    base_name: str  # documents_<collection>; a name already taken gets _2, _3... (new views only)
+    document_columns: tuple[Column, ...]  # the documents' own fields: id, title, created_at, updated_at
+    metadata_columns: tuple[Column, ...]  # top-level metadata keys (Column.source), read from the JSON
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedSql:
+    """A statement that passed the guard, as given and as it will run."""
+
+    sql: str
+    executed_sql: str
+    tables: tuple[str, ...]
+    ctes: tuple[str, ...]
+    complexity: dict[str, Any]
+    query_limit: int | None
+    row_limit: int
+    fetch_limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class SelectLimits:
+    """What a checked statement may do while it runs (the run-time layer, apart from the static check)."""
+
+    allowed: frozenset[str]  # tables and views it may read (lower case)
+    views: frozenset[str]  # those of them that are documents views (they read the documents rows)
+    functions: frozenset[str]  # functions it may call
+    allow_recursive: bool
+    timeout_ms: int
+    max_value_bytes: int
+    max_pattern_chars: int
+    max_sql_chars: int
+
+
+@dataclass(frozen=True, slots=True)
+class SqlResult:
+    """The rows a checked statement returned."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    truncated: bool
+    execution_ms: float
+    denied: list[str] = field(default_factory=list)
+
+
+class StatementGate(Protocol):
+    """Caps how many statements run at once; a slot is held until the statement really ends."""
+
+    def acquire(self, timeout_s: float) -> None:
+        """Take a slot (SQL_REJECTED if none frees up within timeout_s)."""
+
+    def release(self) -> None:
+        """Give the slot back."""
+
+
+class StructuredTableStorage(Protocol):
+    """Structured tables and documents views of one store, and read-only SELECTs over them.
+
+    save_view() runs in the caller's transaction (the ingest's, or transaction()); replace_table() runs in
+    a transaction of its own. Registry reads see the calling thread's open transaction.
+    """
+
+    dialect: str  # the sqlglot dialect statements are parsed and rendered in
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """A write transaction of its own: committed on exit, rolled back on an exception."""
+
+    def list_tables(self) -> list[TableInfo]:
+        """Every registered table and view, tables first, by name."""
+
+    def get_table(self, name: str) -> TableInfo | None:
+        """One registry entry by its SQL name (case-insensitive)."""
+
+    def view_for(self, collection_id: str) -> TableInfo | None:
+        """The registered documents view of a collection, if it was built."""
+
+    def counts(self) -> dict[TableKind, int]:
+        """How many tables and documents views are registered, by kind."""
+
+    def object_names(self) -> list[str]:
+        """Every name in the database (tables, views, indexes...), so a statement's CTE cannot shadow one."""
+
+    def replace_table(self, table: NewTable) -> tuple[TableInfo, TableInfo | None]:
+        """Create or replace the table with its rows and register it, in one transaction.
+
+        Returns the new registry entry and the one it replaced (None if new). InvalidParametersError if the
+        name is taken by something that is not a structured table.
+        """
+
+    def save_view(self, view: ViewSpec, *, rebuild: bool) -> TableInfo:
+        """Register the collection's view with its current document count; (re)create it when rebuild."""
+
+    def document_count(self, collection_id: str) -> int:
+        """How many documents the collection holds now."""
+
+    def document_metadata(self, collection_id: str) -> list[dict[str, Any]]:
+        """The metadata of every document of the collection."""
+
+    def samples(self, table: TableInfo, limit: int) -> list[list[Any]]:
+        """Up to `limit` distinct non-null values of each column, in column order."""
+
+    def run_select(self, checked: CheckedSql, limits: SelectLimits, gate: StatementGate) -> SqlResult:
+        """Run a checked statement read-only within the limits (SQL_REJECTED at stage 'execution')."""
