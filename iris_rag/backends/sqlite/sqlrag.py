@@ -190,7 +190,8 @@ class SqliteStructuredTables:
             other = connection.execute(
                 "SELECT type FROM sqlite_master WHERE lower(name) = ?", (sql_name,)
             ).fetchone()
-            if other is not None and existing is None:
+            # Also a documents view: only a table replaces a table (the technique's names cannot clash).
+            if other is not None and (existing is None or existing.kind != "table"):
                 msg = (
                     f"a {other[0]} named {sql_name!r} exists and is not a structured table; "
                     "choose another name"
