@@ -423,7 +423,7 @@ class DocumentViews:
     def __init__(self, store: DocumentStore) -> None:
         # Getting the storage creates the registry, so it exists before the first ingest writes to it.
         # A Protocol is abstract to mypy, yet it is exactly the key the backend's table is looked up by.
-        self.storage = store.technique_storage(StructuredTableStorage)  # type: ignore[type-abstract]
+        self.storage = store.technique_storage(StructuredTableStorage)
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> dict[str, ColumnType | None]:
         """The metadata keys of the incoming documents and their value types."""

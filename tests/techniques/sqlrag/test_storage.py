@@ -40,7 +40,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DocumentSt
 
 
 def storage_of(store: DocumentStore) -> StructuredTableStorage:
-    return store.technique_storage(StructuredTableStorage)  # type: ignore[type-abstract]
+    return store.technique_storage(StructuredTableStorage)
 
 
 def registered_views(store: DocumentStore) -> DocumentViews:

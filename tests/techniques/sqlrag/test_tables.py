@@ -38,7 +38,7 @@ def sqlrag(service: RagService) -> SqlRagPipeline:
 
 
 def tables(service: RagService) -> StructuredTableStorage:
-    return service.store.technique_storage(StructuredTableStorage)  # type: ignore[type-abstract]
+    return service.store.technique_storage(StructuredTableStorage)
 
 
 def sqlite_file(service: RagService) -> sqlite3.Connection:
