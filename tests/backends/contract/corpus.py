@@ -18,14 +18,16 @@ Vector = npt.NDArray[np.float32]
 
 def unit_vector(seed: int, dimension: int = DIM) -> Vector:
     """A reproducible random vector of length 1."""
-    v = np.random.default_rng(seed).normal(size=dimension).astype(np.float32)
-    return (v / np.linalg.norm(v)).astype(np.float32)
+    v: Vector = np.random.default_rng(seed).normal(size=dimension).astype(np.float32)
+    unit: Vector = v / np.float32(np.linalg.norm(v))
+    return unit
 
 
 def unit_rows(rows: int, dimension: int, seed: int) -> Vector:
     """A matrix of reproducible random unit rows."""
-    m = np.random.default_rng(seed).normal(size=(rows, dimension)).astype(np.float32)
-    return (m / np.linalg.norm(m, axis=1, keepdims=True)).astype(np.float32)
+    m: Vector = np.random.default_rng(seed).normal(size=(rows, dimension)).astype(np.float32)
+    unit: Vector = m / np.linalg.norm(m, axis=1, keepdims=True).astype(np.float32)
+    return unit
 
 
 def document(
