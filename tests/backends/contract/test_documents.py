@@ -123,6 +123,7 @@ def test_delete_takes_chunks_keyword_vector_and_index_rows(store: DocumentStore)
     assert [h.chunk_id for h in store.vector_search("c", unit_vector(3), 10)] == ["b#0"]
     assert store.vector_scores("c", unit_vector(3), ["a#0", "a#1"]) == {}
     assert index.rows == {("c", "b"): 2}
+    assert store.stats()["technique_indexes"] == {"word_count": {"rows": 1}}
     assert store.document_ids("c") == ["b"]
     info = store.get_collection("c")
     assert info is not None and (info.document_count, info.chunk_count) == (1, 1)
