@@ -1,7 +1,8 @@
 """One store per test for every backend: each contract test runs once per backend (-k sqlite, -k postgres).
 
 Every store is built the way the service builds it, by iris_rag.backends.create_store from Settings, so
-the suite exercises exactly what RAG_STORE selects.
+the suite exercises exactly what RAG_STORE selects. Tests use only the DocumentStore protocol (no SQL, no
+backend internals). A new backend is one more entry in BACKENDS and one more branch of `backend`.
 """
 
 from __future__ import annotations
