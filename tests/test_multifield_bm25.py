@@ -1,11 +1,9 @@
 """Multifield BM25 (BEIR's Elasticsearch best_fields, tie_breaker 0.5): per-field tables, scores, upkeep.
 
-Scores are checked against BM25 computed here by hand, the way FTS5 computes it on a one-column table:
-k1 1.2, b 0.75, IDF log((N - n + 0.5) / (n + 0.5)) floored at 1e-6, N the table's rows, avgdl its mean
-length. Every text is lowercase words that the Porter stemmer leaves distinct, so a split is the tokenizer.
+Scores are checked against BM25 computed by hand (tests/backends/contract/bm25_reference.py), the way FTS5
+computes it on a one-column table. Every text is lowercase words that the Porter stemmer leaves distinct.
 """
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +25,9 @@ from iris_rag.service import RagService
 from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordQuery
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.techniques.hybrid_ifind import HybridParams
+from tests.backends.contract.bm25_reference import hand_bm25, hand_multifield
 
 DIM = 8
-K1, B = 1.2, 0.75
 
 # id → (title, content, metadata). One chunk each. "g" has no title: it has no row in the title table.
 CORPUS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -58,38 +56,6 @@ def _store(path: Path, corpus: dict[str, tuple[str, str, dict[str, Any]]] = CORP
     store.create_collection("c", "model-a", DIM)
     store.upsert_documents("c", [_document(i, t, c, m) for i, (t, c, m) in corpus.items()])
     return store
-
-
-def hand_bm25(texts: dict[str, str], terms: list[str]) -> dict[str, float]:
-    """BM25 of every text holding a term, over a one-field table of exactly these texts."""
-    tokens = {key: text.split() for key, text in texts.items()}
-    n_rows = len(tokens)
-    avgdl = sum(len(t) for t in tokens.values()) / n_rows
-    scores: dict[str, float] = {}
-    for key, words in tokens.items():
-        if not any(term in words for term in terms):
-            continue
-        score = 0.0
-        for term in terms:
-            hits = sum(term in w for w in tokens.values())
-            idf = max(math.log((n_rows - hits + 0.5) / (hits + 0.5)), 1e-6)
-            tf = words.count(term)
-            score += idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * len(words) / avgdl))
-        scores[key] = score
-    return scores
-
-
-def hand_multifield(
-    corpus: dict[str, tuple[str, str, dict[str, Any]]], terms: list[str], title_weight: float = 1.0
-) -> dict[str, float]:
-    """max + 0.5 x min of the two fields' BM25, the title's times title_weight; chunk ids as keys."""
-    title = hand_bm25({i: t for i, (t, _, _) in corpus.items() if t}, terms)
-    content = hand_bm25({i: c for i, (_, c, _) in corpus.items()}, terms)
-    combined = {}
-    for doc_id in title.keys() | content.keys():
-        t, c = title_weight * title.get(doc_id, 0.0), content.get(doc_id, 0.0)
-        combined[f"{doc_id}#0"] = max(t, c) + 0.5 * min(t, c)
-    return combined
 
 
 def multifield(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -14,6 +15,10 @@ from mcp.client.stdio import stdio_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INITIALIZE_TIMEOUT_S = 120  # the worker starts with the server; a busy machine is slow to start it
+# The store the servers run on: sqlite (the default) or postgres, a fresh database per test module on the
+# session's PostgreSQL (tests/conftest.py), handed to the server as RAG_STORE and RAG_POSTGRES_URL.
+E2E_STORE = os.environ.get("E2E_RAG_STORE", "sqlite")
+_databases = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +39,32 @@ def server_entry() -> Path:
 
 
 @pytest.fixture(scope="module")
-def server_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def store_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """The RAG_* variables selecting an empty store of the E2E_RAG_STORE backend (none for sqlite)."""
+    if E2E_STORE == "sqlite":
+        yield {}
+        return
+    if E2E_STORE != "postgres":
+        pytest.fail(f"E2E_RAG_STORE must be sqlite or postgres, not {E2E_STORE!r}")
+    import psycopg
+
+    server: str = request.getfixturevalue("postgres_server")
+    name = f"e2e_{next(_databases)}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    yield {"RAG_STORE": "postgres", "RAG_POSTGRES_URL": server.replace("/postgres?", f"/{name}?", 1)}
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="module")
+def server_env(tmp_path_factory: pytest.TempPathFactory, store_env: dict[str, str]) -> dict[str, str]:
     """What an MCP host passes the server: our environment, an empty store, and this Python for the worker."""
     return {
         **os.environ,
         "RAG_DATA_DIR": str(tmp_path_factory.mktemp("rag-data")),
         "IRIS_RAG_PYTHON": os.environ.get("IRIS_RAG_PYTHON", sys.executable),
+        **store_env,
     }
 
 

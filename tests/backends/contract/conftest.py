@@ -1,0 +1,72 @@
+"""One store per test for every backend: each contract test runs once per backend (-k sqlite, -k postgres).
+
+Every store is built the way the service builds it, by iris_rag.backends.create_store from Settings, so
+the suite exercises exactly what RAG_STORE selects. Tests use only the DocumentStore protocol (no SQL, no
+backend internals). A new backend is one more entry in BACKENDS and one more branch of `backend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from iris_rag.backends import create_store
+from iris_rag.settings import Settings
+from iris_rag.stores.base import DocumentStore
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """A backend under test: how to configure it, and what its dense search promises."""
+
+    name: str
+    # RAG_* variables selecting this backend's store (a subprocess or a second service gets the same store).
+    env: dict[str, str]
+    # Rows in the recall fixture: enough for the backend to search with its ANN index, if it has one.
+    ann_rows: int
+    # An exact backend must find every true neighbour; an approximate one at least this share of them.
+    min_recall: float
+
+    def settings(self, **overrides: Any) -> Settings:
+        """Settings selecting this backend's store, with other settings as given."""
+        return Settings(**{**self.env, **overrides})
+
+
+BACKENDS = ["sqlite", "postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """The backend of this run of the test; postgres gets a fresh database on the session's server."""
+    data_dir = str(tmp_path / "data")
+    if request.param == "sqlite":
+        # SQLite searches exactly, whatever the size.
+        return Backend("sqlite", {"RAG_DATA_DIR": data_dir}, ann_rows=2_000, min_recall=1.0)
+    url: str = request.getfixturevalue("postgres_url")
+    env = {"RAG_DATA_DIR": data_dir, "RAG_STORE": "postgres", "RAG_POSTGRES_URL": url}
+    return Backend("postgres", env, ann_rows=20_000, min_recall=0.95)
+
+
+@pytest.fixture
+def make_store(backend: Backend) -> Iterator[Callable[[], DocumentStore]]:
+    """Open further stores on the backend's data (another process's view); all closed after the test."""
+    opened: list[DocumentStore] = []
+
+    def open_store() -> DocumentStore:
+        store = create_store(backend.settings())
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in reversed(opened):
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: Callable[[], DocumentStore]) -> DocumentStore:
+    """A store on an empty database of the backend under test."""
+    return make_store()
