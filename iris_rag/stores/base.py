@@ -214,7 +214,10 @@ class DocumentStore(Protocol):
         top_k: int,
         metadata_filter: MetadataFilter | None = None,
     ) -> list[ScoredChunk]:
-        """The top_k chunks by cosine similarity (exact), best first, among documents passing the filter."""
+        """The top_k chunks by cosine similarity, best first, among documents passing the filter.
+
+        Exact, or through an approximate index whose recall the contract suite holds at 0.95 or more.
+        """
 
     def vector_scores(
         self, collection_id: str, query_vector: npt.NDArray[np.float32], chunk_ids: list[str]

@@ -821,6 +821,8 @@ class SqliteStore:
     def term_document_counts(self, collection_id: str) -> dict[str, int]:
         """Every (stemmed) term of the collection's keyword index with the number of chunks holding it."""
         self._prepare_keyword_tables(collection_id)
+        if collection_id not in self._keyword_ready:  # no such collection: no terms
+            return {}
         rows = (
             self._connection().execute(f"SELECT term, doc FROM {vocabulary_table(collection_id)}").fetchall()
         )

@@ -90,3 +90,12 @@ def test_stats_counts(store: DocumentStore) -> None:
     stats = store.stats()
     assert (stats["collections"], stats["documents"], stats["chunks"]) == (2, 3, 4)
     assert stats["technique_indexes"] == {}
+
+
+def test_reads_of_a_missing_collection_are_empty(store: DocumentStore) -> None:
+    """Every read of a collection that does not exist answers empty, never with a driver error."""
+    assert store.get_collection("absent") is None
+    assert store.term_document_counts("absent") == {}
+    assert store.document_ids("absent") == []
+    assert store.chunk_count("absent") == 0
+    assert store.get_chunks("absent", ["x#0"]) == []
