@@ -6,6 +6,8 @@ import heapq
 import logging
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -392,6 +394,26 @@ class SqliteStore:
     def connection(self) -> sqlite3.Connection:
         """The calling thread's connection (inside this backend only: its technique storage uses it)."""
         return self._connection()
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction on the calling thread's connection (the one way this backend writes).
+
+        BEGIN IMMEDIATE under the writer lock, COMMIT, or ROLLBACK on any exception; inside a transaction
+        already open on this thread, it joins that one.
+        """
+        connection = self._connection()
+        if connection.in_transaction:
+            yield connection
+            return
+        with self._write_lock:
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield connection
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
 
     def ping(self) -> None:
         """Run a trivial query."""

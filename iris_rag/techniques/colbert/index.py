@@ -13,7 +13,6 @@ Stored per token: TOKEN_DIMENSION bytes of codes + 2 bytes of id; per chunk: a 4
 from __future__ import annotations
 
 import math
-import sqlite3
 import threading
 import unicodedata
 from collections import Counter
@@ -25,11 +24,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.ingestion.ingestor import embedding_text
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.technique_index import ChunkEncoding
+from iris_rag.techniques.colbert.storage import TokenRow, TokenVectorStorage
 
 TOKEN_DIMENSION = 96
 """Dimensions kept per token vector after projection (int8 each)."""
@@ -37,8 +36,6 @@ MAX_DOCUMENT_TOKENS = 512
 """Word pieces encoded per chunk (the model's position limit); longer chunks are cut."""
 PROJECTION_SEED = 20240611
 """Seed of the fixed random orthonormal projection: the same for every collection and every run."""
-TABLE = "colbert_token_vectors"
-DF_TABLE = "colbert_token_df"
 
 Floats = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
@@ -293,35 +290,7 @@ class TokenVectorIndex:
 
     def __init__(self, encoder: TokenEncoder, store: DocumentStore) -> None:
         self.encoder = encoder
-        self.store = store
-
-    def create_tables(self) -> None:
-        """One row per chunk (vectors and ids as BLOBs), and chunk frequencies per word piece."""
-        connection = sqlite_connection(self.store)
-        connection.execute(
-            f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-                collection_id TEXT NOT NULL,
-                chunk_id      TEXT NOT NULL,
-                document_id   TEXT NOT NULL,
-                token_count   INTEGER NOT NULL,
-                dimension     INTEGER NOT NULL,
-                scale         REAL NOT NULL,
-                token_ids     BLOB NOT NULL,
-                vectors       BLOB NOT NULL,
-                PRIMARY KEY (collection_id, chunk_id)
-            ) WITHOUT ROWID"""
-        )
-        connection.execute(
-            f"CREATE INDEX IF NOT EXISTS {TABLE}_by_document ON {TABLE}(collection_id, document_id)"
-        )
-        connection.execute(
-            f"""CREATE TABLE IF NOT EXISTS {DF_TABLE} (
-                collection_id TEXT NOT NULL,
-                token_id      INTEGER NOT NULL,
-                chunks        INTEGER NOT NULL,
-                PRIMARY KEY (collection_id, token_id)
-            ) WITHOUT ROWID"""
-        )
+        self.rows = store.technique_storage(TokenVectorStorage)
 
     def encode_chunks(self, texts: list[str]) -> list[ChunkEncoding]:
         """The ingest's one forward pass: token vectors for prepare(), and dense vectors where exact."""
@@ -356,58 +325,30 @@ class TokenVectorIndex:
 
     def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Insert the chunks' rows and add their word pieces to the collection's chunk frequencies."""
-        connection = sqlite_connection(self.store)
-        rows: list[PreparedChunk] = prepared
-        connection.executemany(
-            f"INSERT INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        chunks: list[PreparedChunk] = prepared
+        dimension = self.encoder.dimension
+        self.rows.insert(
+            collection_id,
             [
-                (
-                    collection_id,
-                    r.chunk_id,
-                    r.document_id,
-                    r.token_count,
-                    self.encoder.dimension,
-                    r.scale,
-                    r.token_ids,
-                    r.codes,
-                )
-                for r in rows
+                TokenRow(c.chunk_id, c.document_id, c.token_count, dimension, c.scale, c.token_ids, c.codes)
+                for c in chunks
             ],
         )
         counts: Counter[int] = Counter()
-        for r in rows:
-            counts.update(np.unique(self._ids(r.token_ids)).tolist())
-        self._add_frequencies(connection, collection_id, counts, 1)
+        for c in chunks:
+            counts.update(np.unique(self._ids(c.token_ids)).tolist())
+        self.rows.add_frequencies(collection_id, dict(counts))
 
     def delete(self, collection_id: str, document_id: str) -> None:
         """Remove a document's rows and take its word pieces out of the chunk frequencies."""
-        connection = sqlite_connection(self.store)
-        blobs = connection.execute(
-            f"SELECT token_ids FROM {TABLE} WHERE collection_id = ? AND document_id = ?",
-            (collection_id, document_id),
-        ).fetchall()
+        blobs = self.rows.document_token_ids(collection_id, document_id)
         if not blobs:
             return
         counts: Counter[int] = Counter()
-        for (blob,) in blobs:
+        for blob in blobs:
             counts.update(np.unique(self._ids(blob)).tolist())
-        self._add_frequencies(connection, collection_id, counts, -1)
-        connection.execute(
-            f"DELETE FROM {TABLE} WHERE collection_id = ? AND document_id = ?", (collection_id, document_id)
-        )
-
-    def _add_frequencies(
-        self, connection: sqlite3.Connection, collection_id: str, counts: Counter[int], sign: int
-    ) -> None:
-        connection.executemany(
-            f"""INSERT INTO {DF_TABLE} VALUES (?, ?, ?)
-                ON CONFLICT (collection_id, token_id) DO UPDATE SET chunks = chunks + excluded.chunks""",
-            [(collection_id, token, sign * n) for token, n in counts.items()],
-        )
-        if sign < 0:
-            connection.execute(
-                f"DELETE FROM {DF_TABLE} WHERE collection_id = ? AND chunks <= 0", (collection_id,)
-            )
+        self.rows.add_frequencies(collection_id, {token: -n for token, n in counts.items()})
+        self.rows.delete_document(collection_id, document_id)
 
     def _ids(self, blob: bytes) -> Ids:
         id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
@@ -415,17 +356,11 @@ class TokenVectorIndex:
 
     def stats(self) -> dict[str, Any]:
         """Rows, tokens and bytes of the token store (every collection), for health details."""
-        connection = sqlite_connection(self.store)
-        row = connection.execute(
-            f"""SELECT COUNT(*), COUNT(DISTINCT collection_id || char(0) || document_id),
-                       COALESCE(SUM(token_count), 0),
-                       COALESCE(SUM(length(vectors) + length(token_ids) + 8), 0)
-                FROM {TABLE}"""
-        ).fetchone()
-        chunks, documents, tokens, size = (int(v) for v in row)
+        totals = self.rows.totals()
+        chunks, tokens, size = totals.chunks, totals.tokens, totals.bytes
         return {
             "chunks": chunks,
-            "documents": documents,
+            "documents": totals.documents,
             "tokens": tokens,
             "bytes": size,
             "bytes_per_chunk": round(size / chunks, 1) if chunks else 0.0,
@@ -436,40 +371,21 @@ class TokenVectorIndex:
 
     def indexed_documents(self, collection_id: str) -> int:
         """Distinct documents with token rows in the collection."""
-        connection = sqlite_connection(self.store)
-        row = connection.execute(
-            f"SELECT COUNT(DISTINCT document_id) FROM {TABLE} WHERE collection_id = ?", (collection_id,)
-        ).fetchone()
-        return int(row[0])
+        return self.rows.indexed_documents(collection_id)
 
-    def load(
-        self, connection: sqlite3.Connection, collection_id: str, chunk_ids: list[str]
-    ) -> dict[str, ChunkTokens]:
+    def load(self, collection_id: str, chunk_ids: list[str]) -> dict[str, ChunkTokens]:
         """The stored token vectors of the given chunks (chunks without rows are left out)."""
         found: dict[str, ChunkTokens] = {}
-        for start in range(0, len(chunk_ids), 500):
-            batch = chunk_ids[start : start + 500]
-            rows = connection.execute(
-                f"""SELECT chunk_id, document_id, dimension, scale, token_ids, vectors FROM {TABLE}
-                    WHERE collection_id = ? AND chunk_id IN ({",".join("?" * len(batch))})""",
-                (collection_id, *batch),
-            ).fetchall()
-            for chunk_id, document_id, dimension, scale, token_ids, vectors in rows:
-                codes = np.frombuffer(vectors, dtype=np.int8).reshape(-1, dimension)
-                found[chunk_id] = ChunkTokens(
-                    chunk_id, document_id, self._ids(token_ids), codes, float(scale)
-                )
+        for row in self.rows.load(collection_id, chunk_ids):
+            codes = np.frombuffer(row.codes, dtype=np.int8).reshape(-1, row.dimension)
+            found[row.chunk_id] = ChunkTokens(
+                row.chunk_id, row.document_id, self._ids(row.token_ids), codes, row.scale
+            )
         return found
 
-    def frequencies(self, connection: sqlite3.Connection, collection_id: str) -> tuple[int, dict[int, int]]:
+    def frequencies(self, collection_id: str) -> tuple[int, dict[int, int]]:
         """How many chunks have token rows, and in how many of them each word piece occurs."""
-        total = connection.execute(
-            f"SELECT COUNT(*) FROM {TABLE} WHERE collection_id = ?", (collection_id,)
-        ).fetchone()[0]
-        rows = connection.execute(
-            f"SELECT token_id, chunks FROM {DF_TABLE} WHERE collection_id = ?", (collection_id,)
-        ).fetchall()
-        return int(total), {int(t): int(n) for t, n in rows}
+        return self.rows.frequencies(collection_id)
 
 
 def used_count(token_count: int, ratio: float) -> int:

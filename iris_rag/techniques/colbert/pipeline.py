@@ -9,7 +9,6 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
@@ -134,7 +133,7 @@ class ColbertPipeline(Pipeline):
             query_vector = self.context.embedder.encode_query(query)
         hits = store.vector_search(collection.id, query_vector, pool, parse_filters(options.filters))
         idf = self._collection_idf(collection)
-        stored = self.index.load(sqlite_connection(store), collection.id, [h.chunk_id for h in hits])
+        stored = self.index.load(collection.id, [h.chunk_id for h in hits])
         candidates = [_Candidate(h.chunk_id, h.score, stored.get(h.chunk_id)) for h in hits]
         for candidate in candidates:
             _select_tokens(candidate, params.compression_ratio, idf)
@@ -237,7 +236,7 @@ class ColbertPipeline(Pipeline):
         """IDF of every word piece over the collection's chunks, from the index's frequency table."""
 
         def build() -> npt.NDArray[np.float32]:
-            total, frequencies = self.index.frequencies(sqlite_connection(self.context.store), collection.id)
+            total, frequencies = self.index.frequencies(collection.id)
             counts = np.zeros(self.encoder.vocabulary_size, dtype=np.float64)
             for token, chunks in frequencies.items():
                 if token < counts.shape[0]:

@@ -6,14 +6,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
-from iris_rag.stores.base import DocumentInput, DocumentStore
+from iris_rag.stores.base import DocumentInput
 from iris_rag.techniques.colbert.index import (
-    DF_TABLE,
-    TABLE,
     TOKEN_DIMENSION,
     TokenEncoder,
     TokenVectorIndex,
@@ -21,6 +18,7 @@ from iris_rag.techniques.colbert.index import (
     quantize,
     used_count,
 )
+from iris_rag.techniques.colbert.storage import TokenRow, TokenVectorStorage
 from tests.conftest import DOCUMENTS
 
 
@@ -30,21 +28,24 @@ def _index(service: RagService) -> TokenVectorIndex:
     return index
 
 
+def _stored(service: RagService) -> list[TokenRow]:
+    """Every token row of the 'docs' collection, read through the storage contract."""
+    store = service.store
+    chunk_ids = [c.chunk_id for d in store.document_ids("docs") for c in store.get_document_chunks("docs", d)]
+    # Ask for a few chunk ids that have no row too: they are left out.
+    return store.technique_storage(TokenVectorStorage).load("docs", [*chunk_ids, "absent#0"])
+
+
 def _rows(service: RagService) -> dict[str, tuple[str, int]]:
-    rows = sqlite_connection(service.store).execute(
-        f"SELECT chunk_id, document_id, token_count FROM {TABLE} WHERE collection_id = 'docs'"
-    )
-    return {r[0]: (r[1], r[2]) for r in rows}
+    return {r.chunk_id: (r.document_id, r.token_count) for r in _stored(service)}
 
 
 def _frequencies_match_rows(service: RagService) -> None:
     """The document-frequency table equals a recount over the stored rows."""
-    index = _index(service)
-    connection = sqlite_connection(service.store)
     recount: Counter[int] = Counter()
-    for (blob,) in connection.execute(f"SELECT token_ids FROM {TABLE} WHERE collection_id = 'docs'"):
-        recount.update(np.unique(np.frombuffer(blob, dtype=np.uint16)).tolist())
-    total, frequencies = index.frequencies(connection, "docs")
+    for row in _stored(service):
+        recount.update(np.unique(np.frombuffer(row.token_ids, dtype=np.uint16)).tolist())
+    total, frequencies = _index(service).frequencies("docs")
     assert frequencies == dict(recount)
     assert total == len(_rows(service))
 
@@ -111,7 +112,7 @@ def test_rows_follow_ingest_replace_delete(service: RagService) -> None:
     after = _rows(service)
     assert after["volcano#0"][1] != before and after["volcano#0"][1] == 5
     _frequencies_match_rows(service)
-    loaded = _index(service).load(sqlite_connection(service.store), "docs", ["volcano#0"])["volcano#0"]
+    loaded = _index(service).load("docs", ["volcano#0"])["volcano#0"]
     words = _index(service).encoder.token_strings(loaded.token_ids.tolist())
     assert words == ["glaciers", "car", "##ve", "deep", "valleys"]
 
@@ -119,22 +120,14 @@ def test_rows_follow_ingest_replace_delete(service: RagService) -> None:
     assert {doc for doc, _ in _rows(service).values()} == {"aspirin", "sourdough"}
     assert _index(service).indexed_documents("docs") == 2
     _frequencies_match_rows(service)
-    connection = sqlite_connection(service.store)
     glacier = int(_index(service).encoder.embedder.tokenizer.convert_tokens_to_ids("glaciers"))
-    assert connection.execute(f"SELECT 1 FROM {DF_TABLE} WHERE token_id = ?", (glacier,)).fetchone() is None
+    assert glacier not in _index(service).frequencies("docs")[1], "a word piece no chunk holds any more"
 
 
 class _FailingIndex:
     """Registered after the token index: its write fails, so the whole ingest must roll back."""
 
     name = "failing"
-
-    def __init__(self, store: DocumentStore) -> None:
-        self.store = store
-
-    def create_tables(self) -> None:
-        sqlite_connection(self.store)
-        pass
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> None:
         return None
@@ -143,22 +136,19 @@ class _FailingIndex:
         raise RuntimeError("index failure")
 
     def delete(self, collection_id: str, document_id: str) -> None:
-        sqlite_connection(self.store)
         pass
 
     def stats(self) -> dict[str, Any]:
-        sqlite_connection(self.store)
         return {}
 
     def indexed_documents(self, collection_id: str) -> int:
-        sqlite_connection(self.store)
         return 0
 
 
 def test_failed_ingest_leaves_token_rows_untouched(service: RagService) -> None:
     service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
     before = _rows(service)
-    failing = _FailingIndex(service.store)
+    failing = _FailingIndex()
     service.store.register_index(failing)
     service.ingestor.technique_indexes.append(failing)
     with pytest.raises(RuntimeError, match="index failure"):
@@ -219,6 +209,6 @@ def test_ingest_takes_dense_vectors_from_the_token_pass(service: RagService, mon
         np.testing.assert_allclose(stored[hashes[key]], expected[row], atol=1e-5)
     # The token rows are those a separate encode gives (up to int8 quantization).
     separate = _index(service).encoder.encode([texts["aspirin#0"]])[0]
-    loaded = _index(service).load(sqlite_connection(service.store), "docs", ["aspirin#0"])["aspirin#0"]
+    loaded = _index(service).load("docs", ["aspirin#0"])["aspirin#0"]
     np.testing.assert_array_equal(loaded.token_ids, separate.token_ids)
     np.testing.assert_allclose(loaded.vectors(), separate.vectors, atol=loaded.scale)
