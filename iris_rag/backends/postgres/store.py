@@ -93,6 +93,12 @@ class PostgresStore:
     def connection(self) -> Connection[Row]:
         """The calling thread's connection (inside this backend only: its technique storage uses it)."""
         connection: Connection[Row] | None = getattr(self._local, "connection", None)
+        if connection is not None and connection.broken:
+            # The server went away (restart, network): give the dead one back and take a fresh one.
+            with self._pinned_lock:
+                self._pinned.remove(connection)
+            self._pool.putconn(connection)
+            connection = None
         if connection is None or connection.closed:
             connection = self._pool.getconn()
             register_vector(connection)

@@ -276,3 +276,20 @@ def test_cache_calls_and_stats(store: PostgresStore) -> None:
     assert store.calls_since(15.0) == [CallRecord(20.0, "rag_hyde", "hyde", 7.0, False, "TIMEOUT")]
     stats = store.stats()
     assert stats["backend"] == "postgres" and stats["collections"] == 0
+
+
+def test_connection_joins_the_open_transaction(store: PostgresStore) -> None:
+    # What technique storage relies on: store.connection() inside transaction() is that transaction's.
+    store.connection().execute("CREATE TABLE side (x INTEGER)")
+    with pytest.raises(RuntimeError), store.transaction() as connection:
+        assert store.connection() is connection
+        store.connection().execute("INSERT INTO side VALUES (1)")
+        raise RuntimeError
+    assert store.connection().execute("SELECT COUNT(*) AS n FROM side").fetchone() == {"n": 0}
+    with store.transaction():
+        store.connection().execute("INSERT INTO side VALUES (2)")
+    other = PostgresStore(store._url)
+    try:
+        assert other.connection().execute("SELECT x FROM side").fetchall() == [{"x": 2}]
+    finally:
+        other.close()
