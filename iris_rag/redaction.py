@@ -15,6 +15,9 @@ _SECRET_PARAMETER = re.compile(
     r"[a-z0-9_-]*)=)[^&;#\s\"'<>]+"
 )
 
+# libpq key=value connection strings: "host=db password=secret" -> "host=db password=***"
+_DSN_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'\"]+)")
+
 
 def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     """The text with URL credentials and the given secret values replaced by ***."""
@@ -23,4 +26,5 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, MASK)
     text = _USERINFO.sub(rf"\1{MASK}@", text)
+    text = _DSN_PASSWORD.sub(rf"\1{MASK}", text)
     return _SECRET_PARAMETER.sub(rf"\1{MASK}", text)

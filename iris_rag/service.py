@@ -72,8 +72,23 @@ class RagService:
         served = _served(settings, self._tool_by_technique)
         self.pipelines = {name: cls(context) for name, cls in PIPELINES.items() if name in served}
         indexes = [i for p in self.pipelines.values() if (i := p.technique_index()) is not None]
-        for index in indexes:
-            self.store.register_index(index)
+        unavailable = []
+        for pipeline_name, pipeline in self.pipelines.items():
+            index = pipeline.technique_index()
+            if index is None:
+                continue
+            try:
+                self.store.register_index(index)
+            except NotImplementedError:
+                unavailable.append(pipeline_name)
+        if unavailable:
+            self.store.close()
+            msg = (
+                f"techniques {', '.join(sorted(unavailable))} are not yet available on the "
+                f"{self.store.backend_name} store; serve the others, e.g. "
+                "RAG_TECHNIQUES=basic,hyde,hybrid_ifind,crag"
+            )
+            raise ValueError(msg)
         self.ingestor = Ingestor(settings, self.store, self.embedder, indexes)
 
     def close(self) -> None:

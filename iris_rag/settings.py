@@ -19,7 +19,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     # Store
-    store: Literal["sqlite"] = Field("sqlite", validation_alias="RAG_STORE")
+    store: Literal["sqlite", "postgres"] = Field("sqlite", validation_alias="RAG_STORE")
+    # A secret: its password never reaches a log or a reply (llm_secrets carries it to redaction).
+    postgres_url: SecretStr | None = Field(None, validation_alias="RAG_POSTGRES_URL")
     data_dir: Path = Field(Path("data"), validation_alias="RAG_DATA_DIR")
     default_collection: str = Field("default", validation_alias="RAG_DEFAULT_COLLECTION")
 
@@ -68,6 +70,13 @@ class Settings(BaseSettings):
             raise ValueError(msg)
         return self
 
+    @model_validator(mode="after")
+    def _check_store(self) -> Settings:
+        if self.store == "postgres" and not (self.postgres_url and self.postgres_url.get_secret_value()):
+            msg = "RAG_STORE=postgres needs RAG_POSTGRES_URL (postgresql://user:password@host:5432/database)"
+            raise ValueError(msg)
+        return self
+
     @cached_property
     def database_path(self) -> Path:
         """The embedded store's SQLite file."""
@@ -81,7 +90,7 @@ class Settings(BaseSettings):
 
     @property
     def llm_secrets(self) -> list[str]:
-        """Credentials to redact: LLM_API_KEY; LLM_BASE_URL's user, password and key/token parameters."""
+        """Credentials to redact: LLM_API_KEY, LLM_BASE_URL's and RAG_POSTGRES_URL's credentials."""
         secrets = [self.llm_api_key.get_secret_value()] if self.llm_api_key else []
         if self.llm_base_url:
             parts = urlsplit(self.llm_base_url)
@@ -92,6 +101,9 @@ class Settings(BaseSettings):
                 if value
                 and any(word in name.lower() for word in ("key", "token", "secret", "password", "auth"))
             ]
+        if self.postgres_url:
+            password = urlsplit(self.postgres_url.get_secret_value()).password
+            secrets += [password] if password else []
         return secrets
 
     @property

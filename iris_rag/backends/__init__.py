@@ -8,5 +8,13 @@ from iris_rag.stores.base import DocumentStore
 
 
 def create_store(settings: Settings) -> DocumentStore:
-    """The store RAG_STORE names (only the embedded SQLite store exists so far)."""
+    """The store RAG_STORE names: the embedded SQLite file, or PostgreSQL at RAG_POSTGRES_URL."""
+    if settings.store == "postgres":
+        # Imported here: psycopg is an optional dependency (the postgres extra).
+        from iris_rag.backends.postgres.store import PostgresStore
+
+        assert settings.postgres_url is not None  # Settings refuses RAG_STORE=postgres without a URL
+        return PostgresStore(
+            settings.postgres_url.get_secret_value(), max_connections=settings.worker_threads + 4
+        )
     return SqliteStore(settings.database_path)

@@ -1,0 +1,136 @@
+"""The PostgreSQL schema as numbered migration steps, applied once each, in order, under an advisory lock."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from psycopg import Connection
+from psycopg.rows import tuple_row
+
+logger = logging.getLogger(__name__)
+
+# Any fixed number: every process migrating this database takes the same transaction-level lock.
+_ADVISORY_LOCK = 0x1815_5A6D
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "documents, chunks with vectors, keyword postings, cache and call log",
+        """
+CREATE EXTENSION IF NOT EXISTS vector;
+CREATE TABLE collections (
+    id              TEXT PRIMARY KEY,
+    embedding_model TEXT NOT NULL,
+    dimension       INTEGER NOT NULL,
+    created_at      TEXT NOT NULL,
+    updated_at      TEXT NOT NULL
+);
+CREATE TABLE documents (
+    row_id        BIGSERIAL UNIQUE,
+    collection_id TEXT NOT NULL REFERENCES collections(id) ON DELETE CASCADE,
+    id            TEXT NOT NULL,
+    title         TEXT NOT NULL,
+    content       TEXT NOT NULL,
+    metadata      JSONB NOT NULL,
+    created_at    TEXT NOT NULL,
+    updated_at    TEXT NOT NULL,
+    PRIMARY KEY (collection_id, id)
+);
+CREATE TABLE chunks (
+    row_id        BIGSERIAL PRIMARY KEY,
+    collection_id TEXT NOT NULL,
+    document_id   TEXT NOT NULL,
+    chunk_id      TEXT NOT NULL,
+    chunk_index   INTEGER NOT NULL,
+    content       TEXT NOT NULL,
+    start_char    INTEGER NOT NULL,
+    end_char      INTEGER NOT NULL,
+    -- No dimension here: each collection has its own, and its own HNSW index over vector(dim).
+    embedding     vector NOT NULL,
+    title_length   INTEGER NOT NULL,
+    content_length INTEGER NOT NULL,
+    titled         BOOLEAN NOT NULL,
+    UNIQUE (collection_id, chunk_id),
+    FOREIGN KEY (collection_id, document_id) REFERENCES documents(collection_id, id) ON DELETE CASCADE
+);
+CREATE INDEX chunks_by_document ON chunks(collection_id, document_id);
+-- The inverted index: each chunk's stemmed terms with their count in the title and in the content.
+CREATE TABLE keyword_postings (
+    collection_id TEXT NOT NULL,
+    term          TEXT NOT NULL,
+    chunk_row     BIGINT NOT NULL REFERENCES chunks(row_id) ON DELETE CASCADE,
+    title_tf      INTEGER NOT NULL,
+    content_tf    INTEGER NOT NULL,
+    PRIMARY KEY (collection_id, term, chunk_row)
+);
+CREATE INDEX keyword_postings_by_chunk ON keyword_postings(chunk_row);
+-- The collection's BM25 totals, kept in step by the writing transaction.
+CREATE TABLE keyword_totals (
+    collection_id  TEXT PRIMARY KEY,
+    chunks         BIGINT NOT NULL,
+    titled_chunks  BIGINT NOT NULL,
+    title_tokens   BIGINT NOT NULL,
+    content_tokens BIGINT NOT NULL
+);
+CREATE TABLE embedding_cache (
+    model     TEXT NOT NULL,
+    text_hash BYTEA NOT NULL,
+    vector    BYTEA NOT NULL,
+    PRIMARY KEY (model, text_hash)
+);
+CREATE TABLE calls (
+    ts          DOUBLE PRECISION NOT NULL,
+    tool        TEXT NOT NULL,
+    technique   TEXT,
+    duration_ms DOUBLE PRECISION NOT NULL,
+    success     BOOLEAN NOT NULL,
+    error_code  TEXT
+);
+CREATE INDEX calls_by_time ON calls(ts);
+-- Versions never repeat, even for a collection deleted and created again: a table of its own.
+CREATE TABLE collection_versions (
+    collection_id TEXT PRIMARY KEY,
+    version       BIGINT NOT NULL
+);
+CREATE FUNCTION bump_collection_version() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO collection_versions AS v
+    VALUES (CASE WHEN TG_OP = 'DELETE' THEN OLD.collection_id ELSE NEW.collection_id END, 1)
+    ON CONFLICT (collection_id) DO UPDATE SET version = v.version + 1;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER documents_version AFTER INSERT OR UPDATE OR DELETE ON documents
+    FOR EACH ROW EXECUTE FUNCTION bump_collection_version();
+""",
+    ),
+]
+
+
+def migrate(connection: Connection[Any]) -> list[int]:
+    """Apply the steps this database lacks, all in one transaction; the numbers applied.
+
+    The advisory lock makes two processes starting together take turns: the second then finds the
+    steps recorded and applies nothing.
+    """
+    with connection.transaction():
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_LOCK,))
+        connection.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            "version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        with connection.cursor(row_factory=tuple_row) as cursor:
+            done = {row[0] for row in cursor.execute("SELECT version FROM schema_migrations")}
+        applied: list[int] = []
+        for version, description, statements in MIGRATIONS:
+            if version in done:
+                continue
+            connection.execute(statements.encode())
+            connection.execute(
+                "INSERT INTO schema_migrations (version, description) VALUES (%s, %s)",
+                (version, description),
+            )
+            applied.append(version)
+            logger.info("applied schema migration %d: %s", version, description)
+    return applied

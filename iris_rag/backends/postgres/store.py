@@ -1,0 +1,704 @@
+"""The PostgreSQL store: rows, pgvector vectors (HNSW per collection) and a BM25 keyword index in SQL."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
+from pgvector import Vector
+from pgvector.psycopg import register_vector
+from psycopg import Connection, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from iris_rag.backends.postgres.filters import to_sql
+from iris_rag.backends.postgres.keyword import K1, B, query_stems, term_frequencies
+from iris_rag.backends.postgres.migrations import migrate
+from iris_rag.cancellation import check_cancelled
+from iris_rag.redaction import redact
+from iris_rag.stores.base import (
+    CallRecord,
+    CollectionInfo,
+    DocumentInput,
+    KeywordQuery,
+    NewCollection,
+    ScoredChunk,
+    StoredChunk,
+    StoredDocument,
+)
+from iris_rag.stores.filters import MetadataFilter
+from iris_rag.stores.technique_index import TechniqueIndex
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+# Below this many chunks, or under a metadata filter, exact search costs less than the HNSW index
+# (and is exact, like the SQLite store).
+EXACT_SEARCH_MAX_CHUNKS = 20_000
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _hnsw_index_name(collection_id: str) -> str:
+    # Hex of the id: any id gives a valid, distinct identifier (63 bytes max, so long ids are cut).
+    return ("chunks_hnsw_" + collection_id.encode("utf-8").hex())[:63]
+
+
+class PostgresStore:
+    """DocumentStore on PostgreSQL with pgvector; RAG_STORE=postgres, RAG_POSTGRES_URL."""
+
+    backend_name = "postgres"
+
+    def __init__(self, url: str, *, max_connections: int = 16) -> None:
+        self._url = url
+        self._pool: ConnectionPool[Connection[Row]] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_connections,
+            open=True,
+            configure=self._configure,
+            kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
+            connection_class=Connection[Row],
+        )
+        self._local = threading.local()
+        self._pinned: list[Connection[Row]] = []
+        self._pinned_lock = threading.Lock()
+        self._technique_indexes: list[TechniqueIndex] = []
+        self._technique_storage: dict[type[Any], object] = {}
+        with self._pool.connection() as connection:
+            migrate(connection)
+            # The vector type exists only now (first migration): register its adapters afterwards.
+            register_vector(connection)
+
+    @staticmethod
+    def _configure(connection: Connection[Row]) -> None:
+        try:
+            register_vector(connection)
+        except Exception:  # a fresh database has no vector type before the migration
+            logger.debug("pgvector type not registered yet on a new connection")
+
+    # Connections: each thread keeps one from the pool, so a technique's storage reaches the very
+    # connection of the thread's open transaction.
+    def connection(self) -> Connection[Row]:
+        """The calling thread's connection (inside this backend only: its technique storage uses it)."""
+        connection: Connection[Row] | None = getattr(self._local, "connection", None)
+        if connection is not None and connection.broken:
+            # The server went away (restart, network): give the dead one back and take a fresh one.
+            with self._pinned_lock:
+                self._pinned.remove(connection)
+            self._pool.putconn(connection)
+            connection = None
+        if connection is None or connection.closed:
+            connection = self._pool.getconn()
+            register_vector(connection)
+            self._local.connection = connection
+            with self._pinned_lock:
+                self._pinned.append(connection)
+        return connection
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection[Row]]:
+        """One write transaction on the thread's connection: commits on success, rolls back on error."""
+        connection = self.connection()
+        with connection.transaction():
+            yield connection
+
+    def register_index(self, index: TechniqueIndex) -> None:
+        """Technique indexes need their technique's storage, which this backend does not have yet."""
+        msg = f"the postgres backend has no storage for the {index.name!r} technique index yet"
+        raise NotImplementedError(msg)
+
+    def technique_storage(self, contract: type[T]) -> T:
+        """The PostgreSQL implementation of a technique's storage contract, made once per store."""
+        with self._pinned_lock:
+            storage = self._technique_storage.get(contract)
+            if storage is None:
+                from iris_rag.backends.postgres import TECHNIQUE_STORAGE
+
+                factory = TECHNIQUE_STORAGE.get(contract)
+                if factory is None:
+                    msg = f"the postgres backend has no storage for {contract.__name__} yet"
+                    raise NotImplementedError(msg)
+                storage = self._technique_storage[contract] = factory(self)
+        return cast(T, storage)
+
+    def ping(self) -> None:
+        """Run a trivial query."""
+        self.connection().execute("SELECT 1").fetchone()
+
+    def close(self) -> None:
+        """Give back every thread's connection and close the pool."""
+        with self._pinned_lock:
+            for connection in self._pinned:
+                if not connection.closed:
+                    self._pool.putconn(connection)
+            self._pinned.clear()
+        self._local = threading.local()
+        self._pool.close()
+
+    # Collections
+    def get_collection(self, collection_id: str) -> CollectionInfo | None:
+        """The collection with counts, or None."""
+        row = self.connection().execute(f"{_COLLECTION_SELECT} WHERE c.id = %s", (collection_id,)).fetchone()
+        return _collection(row) if row else None
+
+    def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
+        """Create the collection if absent and return it."""
+        with self.transaction() as connection:
+            self._insert_collection(connection, collection_id, embedding_model, dimension)
+        info = self.get_collection(collection_id)
+        assert info is not None
+        return info
+
+    def _insert_collection(
+        self, connection: Connection[Row], collection_id: str, embedding_model: str, dimension: int
+    ) -> None:
+        """The collection row, keyword totals and HNSW index, if absent (in the caller's transaction)."""
+        now = _now()
+        inserted = connection.execute(
+            "INSERT INTO collections VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+            (collection_id, embedding_model, dimension, now, now),
+        ).rowcount
+        connection.execute(
+            "INSERT INTO keyword_totals VALUES (%s, 0, 0, 0, 0) ON CONFLICT (collection_id) DO NOTHING",
+            (collection_id,),
+        )
+        if inserted:
+            # A partial index over this collection's rows, at its dimension: searches name both.
+            connection.execute(
+                sql.SQL(
+                    "CREATE INDEX IF NOT EXISTS {} ON chunks USING hnsw "
+                    "((embedding::vector({})) vector_cosine_ops) WHERE collection_id = {}"
+                ).format(sql.Identifier(_hnsw_index_name(collection_id)), int(dimension), collection_id)
+            )
+
+    def list_collections(self) -> list[CollectionInfo]:
+        """Every collection with counts."""
+        rows = self.connection().execute(f"{_COLLECTION_SELECT} ORDER BY c.id").fetchall()
+        return [_collection(row) for row in rows]
+
+    # Documents
+    def upsert_documents(
+        self,
+        collection_id: str,
+        documents: list[DocumentInput],
+        prepared: dict[str, Any] | None = None,
+        *,
+        new_collection: NewCollection | None = None,
+    ) -> int:
+        """Insert or replace documents, their chunks, keyword rows and technique rows in one transaction."""
+        now = _now()
+        written = 0
+        with self.transaction() as connection:
+            if new_collection is not None:
+                model, dimension = new_collection.embedding_model, new_collection.dimension
+                self._insert_collection(connection, collection_id, model, dimension)
+            # Serializes writers of one collection: the totals row is updated by each.
+            connection.execute(
+                "SELECT 1 FROM keyword_totals WHERE collection_id = %s FOR UPDATE", (collection_id,)
+            )
+            for document in documents:
+                created = connection.execute(
+                    "SELECT created_at FROM documents WHERE collection_id = %s AND id = %s",
+                    (collection_id, document.id),
+                ).fetchone()
+                self._delete_document_rows(connection, collection_id, document.id)
+                connection.execute(
+                    "INSERT INTO documents (collection_id, id, title, content, metadata, created_at, "
+                    "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        collection_id,
+                        document.id,
+                        document.title,
+                        document.content,
+                        Jsonb(document.metadata),
+                        created["created_at"] if created else now,
+                        now,
+                    ),
+                )
+                self._insert_chunks(connection, collection_id, document)
+                written += len(document.chunks)
+            for index in self._technique_indexes:
+                if prepared is not None and index.name in prepared:
+                    index.write(collection_id, documents, prepared[index.name])
+            connection.execute("UPDATE collections SET updated_at = %s WHERE id = %s", (now, collection_id))
+            check_cancelled()
+        return written
+
+    def _insert_chunks(
+        self, connection: Connection[Row], collection_id: str, document: DocumentInput
+    ) -> None:
+        (title_terms, title_length), *contents = term_frequencies(
+            [document.title, *(chunk.content for chunk in document.chunks)]
+        )
+        # As in FTS5's title table: a chunk of an untitled document is no row of the title field.
+        titled = bool(document.title.strip())
+        totals = [0, 0, 0, 0]
+        for chunk, (content_terms, content_length) in zip(document.chunks, contents, strict=True):
+            row = connection.execute(
+                """INSERT INTO chunks (collection_id, document_id, chunk_id, chunk_index, content, start_char,
+                       end_char, embedding, title_length, content_length, titled)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING row_id""",
+                (
+                    collection_id,
+                    document.id,
+                    f"{document.id}#{chunk.index}",
+                    chunk.index,
+                    chunk.content,
+                    chunk.start_char,
+                    chunk.end_char,
+                    Vector(np.asarray(chunk.vector, dtype=np.float32)),
+                    title_length,
+                    content_length,
+                    titled,
+                ),
+            ).fetchone()
+            assert row is not None
+            terms = title_terms.keys() | content_terms.keys()
+            if terms:
+                with connection.cursor() as cursor:
+                    cursor.executemany(
+                        "INSERT INTO keyword_postings VALUES (%s, %s, %s, %s, %s)",
+                        [
+                            (collection_id, t, row["row_id"], title_terms[t], content_terms[t])
+                            for t in sorted(terms)
+                        ],
+                    )
+            totals = [
+                totals[0] + 1,
+                totals[1] + int(titled),
+                totals[2] + title_length,
+                totals[3] + content_length,
+            ]
+        self._add_totals(connection, collection_id, totals)
+
+    @staticmethod
+    def _add_totals(connection: Connection[Row], collection_id: str, totals: list[int]) -> None:
+        connection.execute(
+            """UPDATE keyword_totals SET chunks = chunks + %s, titled_chunks = titled_chunks + %s,
+                   title_tokens = title_tokens + %s, content_tokens = content_tokens + %s
+               WHERE collection_id = %s""",
+            (*totals, collection_id),
+        )
+
+    def _delete_document_rows(self, connection: Connection[Row], collection_id: str, document_id: str) -> int:
+        for index in self._technique_indexes:
+            index.delete(collection_id, document_id)
+        removed = connection.execute(
+            """DELETE FROM chunks WHERE collection_id = %s AND document_id = %s
+               RETURNING titled, title_length, content_length""",
+            (collection_id, document_id),
+        ).fetchall()
+        if removed:
+            self._add_totals(
+                connection,
+                collection_id,
+                [
+                    -len(removed),
+                    -sum(int(r["titled"]) for r in removed),
+                    -sum(r["title_length"] for r in removed),
+                    -sum(r["content_length"] for r in removed),
+                ],
+            )
+        return connection.execute(
+            "DELETE FROM documents WHERE collection_id = %s AND id = %s", (collection_id, document_id)
+        ).rowcount
+
+    def delete_document(self, collection_id: str, document_id: str) -> bool:
+        """Delete a document and its chunks; False if it was absent."""
+        with self.transaction() as connection:
+            connection.execute(
+                "SELECT 1 FROM keyword_totals WHERE collection_id = %s FOR UPDATE", (collection_id,)
+            )
+            deleted = self._delete_document_rows(connection, collection_id, document_id)
+            connection.execute(
+                "UPDATE collections SET updated_at = %s WHERE id = %s", (_now(), collection_id)
+            )
+        return deleted > 0
+
+    def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
+        """One document, or None."""
+        row = (
+            self.connection()
+            .execute(
+                "SELECT * FROM documents WHERE collection_id = %s AND id = %s", (collection_id, document_id)
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        return StoredDocument(
+            id=row["id"],
+            collection_id=row["collection_id"],
+            title=row["title"],
+            content=row["content"],
+            metadata=row["metadata"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+    def document_ids(self, collection_id: str) -> list[str]:
+        """Every document id of the collection, in insertion order."""
+        rows = (
+            self.connection()
+            .execute("SELECT id FROM documents WHERE collection_id = %s ORDER BY row_id", (collection_id,))
+            .fetchall()
+        )
+        return [row["id"] for row in rows]
+
+    def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
+        """A document's chunks in order."""
+        rows = (
+            self.connection()
+            .execute(
+                f"{_CHUNK_SELECT} WHERE k.collection_id = %s AND k.document_id = %s ORDER BY k.chunk_index",
+                (collection_id, document_id),
+            )
+            .fetchall()
+        )
+        return [_chunk(row) for row in rows]
+
+    def get_chunks(self, collection_id: str, chunk_ids: list[str]) -> list[StoredChunk]:
+        """Chunks by id, in the order asked."""
+        if not chunk_ids:
+            return []
+        rows = (
+            self.connection()
+            .execute(
+                f"{_CHUNK_SELECT} WHERE k.collection_id = %s AND k.chunk_id = ANY(%s)",
+                (collection_id, chunk_ids),
+            )
+            .fetchall()
+        )
+        by_id = {row["chunk_id"]: _chunk(row) for row in rows}
+        return [by_id[chunk_id] for chunk_id in chunk_ids if chunk_id in by_id]
+
+    # Search
+    def data_version(self, collection_id: str) -> int:
+        """The collection's data version: any process's write or delete of its documents moves it on."""
+        row = (
+            self.connection()
+            .execute("SELECT version FROM collection_versions WHERE collection_id = %s", (collection_id,))
+            .fetchone()
+        )
+        return int(row["version"]) if row else 0
+
+    def vector_search(
+        self,
+        collection_id: str,
+        query_vector: npt.NDArray[np.float32],
+        top_k: int,
+        metadata_filter: MetadataFilter | None = None,
+    ) -> list[ScoredChunk]:
+        """Cosine top_k: exact on small collections or under a filter, else through the HNSW index."""
+        info = (
+            self.connection()
+            .execute(
+                "SELECT c.dimension, t.chunks FROM collections c "
+                "JOIN keyword_totals t ON t.collection_id = c.id WHERE c.id = %s",
+                (collection_id,),
+            )
+            .fetchone()
+        )
+        if info is None or top_k <= 0:
+            return []
+        vector = Vector(np.asarray(query_vector, dtype=np.float32))
+        if metadata_filter is not None or info["chunks"] <= EXACT_SEARCH_MAX_CHUNKS:
+            # The bare column matches no index (they are on the cast expression): an exact scan.
+            where, parameters = to_sql(metadata_filter)
+            query = sql.SQL(
+                """SELECT k.chunk_id, 1 - (k.embedding <=> %(q)s) AS score FROM chunks k
+                   JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
+                   WHERE k.collection_id = %(collection)s AND {}
+                   ORDER BY k.embedding <=> %(q)s, k.row_id LIMIT %(top_k)s"""
+            ).format(where)
+            arguments = {"q": vector, "collection": collection_id, "top_k": top_k, **parameters}
+            rows = self.connection().execute(query, arguments).fetchall()
+        else:
+            cast_to = sql.SQL("::vector({})").format(int(info["dimension"]))
+            query = sql.SQL(
+                """SELECT chunk_id, 1 - (embedding{cast} <=> %s{cast}) AS score FROM chunks
+                   WHERE collection_id = {collection}
+                   ORDER BY embedding{cast} <=> %s{cast} LIMIT %s"""
+            ).format(cast=cast_to, collection=sql.Literal(collection_id))
+            with self.transaction() as connection:
+                # Enough candidates for top_k: the default (40) would cap the results.
+                connection.execute(
+                    sql.SQL("SET LOCAL hnsw.ef_search = {}").format(max(40, min(1000, 2 * top_k)))
+                )
+                rows = connection.execute(query, (vector, vector, top_k)).fetchall()
+        return [ScoredChunk(row["chunk_id"], float(row["score"])) for row in rows]
+
+    def vector_scores(
+        self, collection_id: str, query_vector: npt.NDArray[np.float32], chunk_ids: list[str]
+    ) -> dict[str, float]:
+        """Exact cosine similarity of the given chunks (unknown ids are left out)."""
+        if not chunk_ids:
+            return {}
+        rows = (
+            self.connection()
+            .execute(
+                "SELECT chunk_id, 1 - (embedding <=> %s) AS score FROM chunks "
+                "WHERE collection_id = %s AND chunk_id = ANY(%s)",
+                (Vector(np.asarray(query_vector, dtype=np.float32)), collection_id, chunk_ids),
+            )
+            .fetchall()
+        )
+        scores = {row["chunk_id"]: float(row["score"]) for row in rows}
+        return {c: scores[c] for c in chunk_ids if c in scores}
+
+    def keyword_search(
+        self,
+        collection_id: str,
+        query: KeywordQuery,
+        top_k: int,
+        metadata_filter: MetadataFilter | None = None,
+    ) -> list[ScoredChunk]:
+        """BM25 (k1 1.2, b 0.75) from the collection's own statistics, as SQLite FTS5's bm25 scores it.
+
+        flat: one BM25 over title and content (term frequency = title_weight x title count + content
+        count; length = both fields' tokens); multifield: each field's own BM25 (own IDF over the chunks
+        having the field, own average length), t = title_weight x title score, c = content score,
+        max(t, c) + 0.5 x min(t, c). IDF is FTS5's: ln((N - n + 0.5) / (n + 0.5)), at least 1e-6, over the
+        whole collection even under a metadata filter. A term of weight w counts w times.
+        """
+        stems = query_stems(query.terms)
+        if not stems or top_k <= 0:
+            return []
+        where, parameters = to_sql(metadata_filter)
+        score = _FLAT_SCORE if query.scoring == "flat" else _MULTIFIELD_SCORE
+        statement = sql.SQL(_KEYWORD_SQL).format(score=score, where=where)
+        arguments = {
+            "terms": list(stems),
+            "weights": list(stems.values()),
+            "collection": collection_id,
+            "title_weight": float(query.title_weight),
+            "k1": K1,
+            "b": B,
+            "top_k": top_k,
+            **parameters,
+        }
+        rows = self.connection().execute(statement, arguments).fetchall()
+        return [ScoredChunk(row["chunk_id"], float(row["score"])) for row in rows]
+
+    def term_document_counts(self, collection_id: str) -> dict[str, int]:
+        """Every (stemmed) term of the collection's keyword index with the number of chunks holding it."""
+        rows = (
+            self.connection()
+            .execute(
+                "SELECT term, COUNT(*) AS chunks FROM keyword_postings "
+                "WHERE collection_id = %s GROUP BY term",
+                (collection_id,),
+            )
+            .fetchall()
+        )
+        return {row["term"]: int(row["chunks"]) for row in rows}
+
+    def matching_document_ids(self, collection_id: str, metadata_filter: MetadataFilter) -> set[str]:
+        """Ids of the collection's documents whose metadata passes the filter."""
+        where, parameters = to_sql(metadata_filter)
+        query = sql.SQL("SELECT d.id FROM documents d WHERE d.collection_id = %(collection)s AND {}").format(
+            where
+        )
+        rows = self.connection().execute(query, {"collection": collection_id, **parameters}).fetchall()
+        return {row["id"] for row in rows}
+
+    def unknown_fields(self, collection_id: str, fields: list[str]) -> list[str]:
+        """The fields that no document of the collection has in its metadata."""
+        connection = self.connection()
+        return [
+            field
+            for field in fields
+            if connection.execute(
+                "SELECT 1 FROM documents WHERE collection_id = %s AND metadata ? %s LIMIT 1",
+                (collection_id, field),
+            ).fetchone()
+            is None
+        ]
+
+    def chunk_count(self, collection_id: str) -> int:
+        """How many chunks a search over the collection considers."""
+        row = (
+            self.connection()
+            .execute("SELECT COUNT(*) AS n FROM chunks WHERE collection_id = %s", (collection_id,))
+            .fetchone()
+        )
+        return int(row["n"]) if row else 0
+
+    # Embedding cache
+    def cached_embeddings(self, model: str, text_hashes: list[bytes]) -> dict[bytes, npt.NDArray[np.float32]]:
+        """The cached vectors among the given text hashes."""
+        if not text_hashes:
+            return {}
+        rows = (
+            self.connection()
+            .execute(
+                "SELECT text_hash, vector FROM embedding_cache WHERE model = %s AND text_hash = ANY(%s)",
+                (model, text_hashes),
+            )
+            .fetchall()
+        )
+        return {
+            bytes(row["text_hash"]): np.frombuffer(bytes(row["vector"]), dtype=np.float32) for row in rows
+        }
+
+    def cache_embeddings(self, model: str, items: list[tuple[bytes, npt.NDArray[np.float32]]]) -> None:
+        """Remember vectors by text hash."""
+        if not items:
+            return
+        with self.transaction() as connection, connection.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO embedding_cache VALUES (%s, %s, %s) "
+                "ON CONFLICT (model, text_hash) DO UPDATE SET vector = EXCLUDED.vector",
+                [(model, h, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for h, v in items],
+            )
+
+    # Monitoring
+    def record_call(self, record: CallRecord) -> None:
+        """Append one call record."""
+        self.connection().execute(
+            "INSERT INTO calls VALUES (%s, %s, %s, %s, %s, %s)",
+            (
+                record.timestamp,
+                record.tool,
+                record.technique,
+                record.duration_ms,
+                record.success,
+                record.error_code,
+            ),
+        )
+
+    def calls_since(self, since: float) -> list[CallRecord]:
+        """Every call record at or after a UNIX time."""
+        rows = (
+            self.connection().execute("SELECT * FROM calls WHERE ts >= %s ORDER BY ts", (since,)).fetchall()
+        )
+        return [
+            CallRecord(r["ts"], r["tool"], r["technique"], r["duration_ms"], r["success"], r["error_code"])
+            for r in rows
+        ]
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes and counts for health details (the URL without its password)."""
+        counts = (
+            self.connection()
+            .execute(
+                """SELECT (SELECT COUNT(*) FROM collections) AS collections,
+                      (SELECT COUNT(*) FROM documents) AS documents,
+                      (SELECT COUNT(*) FROM chunks) AS chunks,
+                      pg_database_size(current_database()) AS database_bytes"""
+            )
+            .fetchone()
+        )
+        assert counts is not None
+        pool = self._pool.get_stats()
+        return {
+            "backend": self.backend_name,
+            "url": redact(self._url),
+            "collections": counts["collections"],
+            "documents": counts["documents"],
+            "chunks": counts["chunks"],
+            "database_bytes": counts["database_bytes"],
+            "pool_size": pool.get("pool_size", 0),
+            "technique_indexes": {index.name: index.stats() for index in self._technique_indexes},
+        }
+
+
+# The query's stems with weights, their chunk counts per field, and each matching chunk's BM25.
+_KEYWORD_SQL = """
+WITH q AS (SELECT * FROM unnest(%(terms)s::text[], %(weights)s::int[]) AS q(term, weight)),
+totals AS (SELECT * FROM keyword_totals WHERE collection_id = %(collection)s),
+df AS (
+    SELECT p.term, COUNT(*) AS n,
+           COUNT(*) FILTER (WHERE p.title_tf > 0) AS n_title,
+           COUNT(*) FILTER (WHERE p.content_tf > 0) AS n_content
+    FROM keyword_postings p JOIN q ON q.term = p.term
+    WHERE p.collection_id = %(collection)s GROUP BY p.term
+),
+hits AS (
+    SELECT p.chunk_row, q.weight, p.title_tf, p.content_tf, k.title_length, k.content_length,
+           df.n, df.n_title, df.n_content, t.chunks, t.titled_chunks, t.title_tokens, t.content_tokens
+    FROM keyword_postings p JOIN q ON q.term = p.term JOIN df ON df.term = p.term
+    JOIN chunks k ON k.row_id = p.chunk_row
+    JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id
+    CROSS JOIN totals t
+    WHERE p.collection_id = %(collection)s AND {where}
+),
+scored AS (SELECT chunk_row, {score} AS score FROM hits GROUP BY chunk_row)
+SELECT k.chunk_id, s.score FROM scored s JOIN chunks k ON k.row_id = s.chunk_row
+ORDER BY s.score DESC, s.chunk_row LIMIT %(top_k)s
+"""
+
+
+def _bm25(tf: str, length: str, rows: str, hits: str, tokens: str) -> str:
+    """One BM25 term as FTS5 computes it; `rows` and `tokens` give the average length."""
+    idf = f"GREATEST(ln(({rows} - {hits} + 0.5) / ({hits} + 0.5)), 1e-6)"
+    norm = f"%(k1)s * (1 - %(b)s + %(b)s * {length}::float8 / ({tokens}::float8 / {rows}))"
+    return f"CASE WHEN {tf} > 0 THEN weight * {idf} * ({tf} * (%(k1)s + 1)) / ({tf} + {norm}) ELSE 0 END"
+
+
+_FLAT_SCORE = sql.SQL(
+    "SUM("
+    + _bm25(
+        "(%(title_weight)s * title_tf + content_tf)",
+        "(title_length + content_length)",
+        "chunks",
+        "n",
+        "(title_tokens + content_tokens)",
+    )
+    + ")"
+)
+_TITLE = (
+    "%(title_weight)s * SUM("
+    + _bm25("title_tf", "title_length", "titled_chunks", "n_title", "title_tokens")
+    + ")"
+)
+_CONTENT = "SUM(" + _bm25("content_tf", "content_length", "chunks", "n_content", "content_tokens") + ")"
+_MULTIFIELD_SCORE = sql.SQL(f"GREATEST({_TITLE}, {_CONTENT}) + 0.5 * LEAST({_TITLE}, {_CONTENT})")
+
+_CHUNK_SELECT = """
+    SELECT k.chunk_id, k.document_id, k.chunk_index, k.content, k.start_char, k.end_char, d.title, d.metadata
+    FROM chunks k JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id"""
+_COLLECTION_SELECT = """
+    SELECT c.*,
+           (SELECT COUNT(*) FROM documents d WHERE d.collection_id = c.id) AS document_count,
+           (SELECT COUNT(*) FROM chunks k WHERE k.collection_id = c.id) AS chunk_count,
+           COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
+    FROM collections c"""
+
+
+def _collection(row: Row) -> CollectionInfo:
+    return CollectionInfo(
+        id=row["id"],
+        embedding_model=row["embedding_model"],
+        dimension=row["dimension"],
+        document_count=row["document_count"],
+        chunk_count=row["chunk_count"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        version=int(row["version"]),
+    )
+
+
+def _chunk(row: Row) -> StoredChunk:
+    return StoredChunk(
+        chunk_id=row["chunk_id"],
+        document_id=row["document_id"],
+        index=row["chunk_index"],
+        content=row["content"],
+        start_char=row["start_char"],
+        end_char=row["end_char"],
+        title=row["title"],
+        metadata=row["metadata"],
+    )

@@ -1,0 +1,295 @@
+"""The PostgreSQL store against a real PostgreSQL 18 with pgvector, compared with the SQLite store."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import psycopg
+import pytest
+
+from iris_rag.backends.postgres.keyword import tokens
+from iris_rag.backends.postgres.migrations import MIGRATIONS, migrate
+from iris_rag.backends.postgres.store import PostgresStore
+from iris_rag.backends.sqlite.store import SqliteStore
+from iris_rag.embedder import Embedder
+from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput, KeywordQuery, NewCollection
+from iris_rag.stores.filters import parse_filters
+from tests.conftest import SAMPLE_CORPUS
+
+DIMENSION = 8
+
+
+def _unit(rng: np.random.Generator) -> npt.NDArray[np.float32]:
+    vector = rng.standard_normal(DIMENSION).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def _document(
+    doc_id: str, title: str, texts: list[str], rng: np.random.Generator, **metadata: object
+) -> DocumentInput:
+    chunks, start = [], 0
+    for i, text in enumerate(texts):
+        chunks.append(ChunkInput(i, text, start, start + len(text), _unit(rng)))
+        start += len(text)
+    return DocumentInput(doc_id, title, " ".join(texts), dict(metadata), chunks)
+
+
+@pytest.fixture
+def store(postgres_url: str) -> Iterator[PostgresStore]:
+    opened = PostgresStore(postgres_url)
+    yield opened
+    opened.close()
+
+
+def _new(dimension: int = DIMENSION) -> NewCollection:
+    return NewCollection("test-model", dimension)
+
+
+def test_migrations_from_empty_and_idempotent_reopen(postgres_url: str) -> None:
+    PostgresStore(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        recorded = [row[0] for row in connection.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+        assert recorded == [number for number, _, _ in MIGRATIONS]
+        assert migrate(connection) == []
+    second = PostgresStore(postgres_url)
+    second.ping()
+    second.close()
+
+
+def test_concurrent_first_starts_do_not_race(postgres_url: str) -> None:
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            PostgresStore(postgres_url).close()
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=start) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with psycopg.connect(postgres_url) as connection:
+        count = connection.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()
+    assert count == (len(MIGRATIONS),)
+
+
+def test_upsert_replace_delete(store: PostgresStore) -> None:
+    rng = np.random.default_rng(1)
+    written = store.upsert_documents(
+        "c",
+        [_document("a", "Alpha", ["one two", "three"], rng, year=2020), _document("b", "", ["four"], rng)],
+        new_collection=_new(),
+    )
+    assert written == 3
+    info = store.get_collection("c")
+    assert info is not None and (info.document_count, info.chunk_count) == (2, 3)
+    version = store.data_version("c")
+    assert version > 0
+    created = store.get_document("c", "a")
+    assert created is not None and created.metadata == {"year": 2020}
+    store.upsert_documents("c", [_document("a", "Alpha 2", ["five"], rng, year=2021)])
+    replaced = store.get_document("c", "a")
+    assert replaced is not None and replaced.title == "Alpha 2" and replaced.created_at == created.created_at
+    assert [c.content for c in store.get_document_chunks("c", "a")] == ["five"]
+    assert store.data_version("c") > version
+    assert [c.chunk_id for c in store.get_chunks("c", ["b#0", "zz", "a#0"])] == ["b#0", "a#0"]
+    assert store.document_ids("c") == ["b", "a"]
+    assert store.delete_document("c", "a") is True
+    assert store.delete_document("c", "a") is False
+    assert store.chunk_count("c") == 1
+    assert store.term_document_counts("c") == {"four": 1}
+    assert [c.id for c in store.list_collections()] == ["c"]
+
+
+def test_failed_upsert_leaves_nothing(store: PostgresStore) -> None:
+    rng = np.random.default_rng(2)
+    bad = DocumentInput(
+        "x", "t", "t", {}, [ChunkInput(0, "a", 0, 1, _unit(rng)), ChunkInput(0, "b", 1, 2, _unit(rng))]
+    )
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        store.upsert_documents("c", [bad], new_collection=_new())
+    assert store.get_collection("c") is None
+    store.ping()  # the thread's connection is usable again
+
+
+def test_vector_search_equals_numpy_exact_top_k(store: PostgresStore) -> None:
+    rng = np.random.default_rng(3)
+    documents = [_document(f"d{i}", f"T{i}", [f"text {i}"], rng, n=i) for i in range(60)]
+    store.upsert_documents("c", documents, new_collection=_new())
+    matrix = np.stack([d.chunks[0].vector for d in documents])
+    query = _unit(rng)
+    expected = np.argsort(-(matrix @ query), kind="stable")[:10]
+    hits = store.vector_search("c", query, 10)
+    assert [h.chunk_id for h in hits] == [f"d{i}#0" for i in expected]
+    np.testing.assert_allclose([h.score for h in hits], (matrix @ query)[expected], rtol=1e-5)
+    scores = store.vector_scores("c", query, ["d3#0", "nope"])
+    assert scores.keys() == {"d3#0"} and scores["d3#0"] == pytest.approx(float(matrix[3] @ query), rel=1e-5)
+    # A filter keeps only passing documents, still exact.
+    filtered = store.vector_search("c", query, 5, parse_filters({"n": {"gte": 50}}))
+    allowed = [i for i in expected.tolist() + list(range(60)) if i >= 50]
+    best = sorted(set(allowed), key=lambda i: -float(matrix[i] @ query))[:5]
+    assert [h.chunk_id for h in filtered] == [f"d{i}#0" for i in best]
+
+
+def test_vector_search_through_the_hnsw_index(store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(4)
+    documents = [_document(f"d{i}", "", [f"t{i}"], rng) for i in range(200)]
+    store.upsert_documents("c", documents, new_collection=_new())
+    monkeypatch.setattr("iris_rag.backends.postgres.store.EXACT_SEARCH_MAX_CHUNKS", 10)
+    matrix = np.stack([d.chunks[0].vector for d in documents])
+    query = _unit(rng)
+    # The search's query shape can use the collection's partial HNSW index (on 200 rows the planner
+    # would rather sort, so the other plans are turned off to see that it is usable).
+    with store.transaction() as connection:
+        connection.execute("SET LOCAL enable_seqscan = off")
+        connection.execute("SET LOCAL enable_bitmapscan = off")
+        plan = connection.execute(
+            "EXPLAIN SELECT chunk_id FROM chunks WHERE collection_id = 'c' "
+            f"ORDER BY embedding::vector({DIMENSION}) <=> %s::vector({DIMENSION}) LIMIT 5",
+            (str(query.tolist()),),
+        ).fetchall()
+    assert "chunks_hnsw_" in json.dumps(plan)
+    hits = store.vector_search("c", query, 5)
+    expected = np.argsort(-(matrix @ query))[:5]
+    # Approximate, but on 200 vectors the graph finds the true nearest ones.
+    assert {h.chunk_id for h in hits} == {f"d{i}#0" for i in expected}
+
+
+def _sample_documents(embedder: Embedder, limit: int) -> list[DocumentInput]:
+    rows = [json.loads(line) for line in Path(SAMPLE_CORPUS).read_text().splitlines()[:limit]]
+    # Two chunks each and an untitled document now and then: both field statistics matter.
+    parts = [(r["text"][: len(r["text"]) // 2], r["text"][len(r["text"]) // 2 :]) for r in rows]
+    vectors = embedder.encode([text for pair in parts for text in pair])
+    documents = []
+    for i, (row, pair) in enumerate(zip(rows, parts, strict=True)):
+        title = "" if i % 7 == 0 else row["title"]
+        chunks = [ChunkInput(j, p, 0, len(p), vectors[2 * i + j]) for j, p in enumerate(pair)]
+        documents.append(DocumentInput(row["_id"], title, row["text"], {"i": i}, chunks))
+    return documents
+
+
+@pytest.mark.parametrize("scoring", ["flat", "multifield"])
+def test_keyword_scores_equal_sqlite_fts5(
+    scoring: str, postgres_url: str, tmp_path: Path, embedder: Embedder
+) -> None:
+    documents = _sample_documents(embedder, 80)
+    new = NewCollection("m", documents[0].chunks[0].vector.shape[0])
+    sqlite, postgres = SqliteStore(tmp_path / "s.sqlite3"), PostgresStore(postgres_url)
+    try:
+        for store in (sqlite, postgres):
+            store.upsert_documents("c", documents, new_collection=new)
+        assert postgres.term_document_counts("c") == sqlite.term_document_counts("c")
+        queries = [
+            KeywordQuery.of(["cancer", "cells", "risk"], scoring=scoring),  # type: ignore[arg-type]
+            KeywordQuery({"children": 2, "weight": 1}, 2.0, scoring),  # type: ignore[arg-type]
+            KeywordQuery.of(["growth", "reference", "curves", "of"], 1.5, scoring),  # type: ignore[arg-type]
+        ]
+        for query in queries:
+            expected = sqlite.keyword_search("c", query, 20)
+            got = postgres.keyword_search("c", query, 20)
+            assert len(expected) > 3
+            assert [h.chunk_id for h in got] == [h.chunk_id for h in expected]
+            for mine, theirs in zip(got, expected, strict=True):
+                assert mine.score == pytest.approx(theirs.score, rel=1e-4)
+        filtered = parse_filters({"i": {"lt": 40}})
+        expected = sqlite.keyword_search("c", queries[0], 10, filtered)
+        got = postgres.keyword_search("c", queries[0], 10, filtered)
+        assert [h.chunk_id for h in got] == [h.chunk_id for h in expected]
+        assert [h.score for h in got] == pytest.approx([h.score for h in expected], rel=1e-4)
+        # After a delete both keep their statistics in step.
+        for store in (sqlite, postgres):
+            store.delete_document("c", documents[1].id)
+        expected, got = (
+            sqlite.keyword_search("c", queries[0], 20),
+            postgres.keyword_search("c", queries[0], 20),
+        )
+        assert [h.score for h in got] == pytest.approx([h.score for h in expected], rel=1e-4)
+    finally:
+        sqlite.close()
+        postgres.close()
+
+
+def test_tokens_match_fts5_porter_unicode61() -> None:
+    assert tokens("Running's café-au-lait, 3x faster_than the µg methodology") == [
+        *("run", "s", "cafe", "au", "lait", "3x", "faster", "than", "the", "\u03bcg", "methodolog")
+    ]
+
+
+def test_filters(store: PostgresStore) -> None:
+    rng = np.random.default_rng(5)
+    store.upsert_documents(
+        "c",
+        [
+            _document("a", "", ["x"], rng, year=2019, topic="bio", open=True, date="2020-01-05"),
+            _document("b", "", ["x"], rng, year=2021, topic="geo", open=False, date="2021-06-01"),
+            _document("c", "", ["x"], rng, year="2021", topic="food"),
+        ],
+        new_collection=_new(),
+    )
+
+    def ids(raw: dict[str, object]) -> set[str]:
+        metadata_filter = parse_filters(raw)
+        assert metadata_filter is not None
+        return store.matching_document_ids("c", metadata_filter)
+
+    assert ids({"year": 2021}) == {"b"}
+    assert ids({"topic": {"in": ["bio", "food"]}}) == {"a", "c"}
+    assert ids({"year": {"gt": 2019}}) == {"b"}
+    assert ids({"year": {"gte": 2019, "lte": 2020}}) == {"a"}
+    assert ids({"open": True}) == {"a"}
+    assert ids({"date": {"gte": "2021-01-01"}}) == {"b"}
+    assert ids({"date": {"lt": "2021-01-01"}, "topic": "bio"}) == {"a"}
+    assert store.unknown_fields("c", ["year", "colour"]) == ["colour"]
+
+
+def test_two_stores_on_one_database_see_each_other(postgres_url: str) -> None:
+    rng = np.random.default_rng(6)
+    first, second = PostgresStore(postgres_url), PostgresStore(postgres_url)
+    try:
+        first.upsert_documents("c", [_document("a", "", ["alpha"], rng)], new_collection=_new())
+        version = second.data_version("c")
+        assert second.get_document("c", "a") is not None
+        second.upsert_documents("c", [_document("b", "", ["beta"], rng)])
+        assert first.data_version("c") > version
+        assert first.term_document_counts("c") == {"alpha": 1, "beta": 1}
+    finally:
+        first.close()
+        second.close()
+
+
+def test_cache_calls_and_stats(store: PostgresStore) -> None:
+    vector = np.arange(4, dtype=np.float32)
+    store.cache_embeddings("m", [(b"h1", vector)])
+    store.cache_embeddings("m", [(b"h1", vector + 1)])
+    cached = store.cached_embeddings("m", [b"h1", b"h2"])
+    assert list(cached) == [b"h1"] and cached[b"h1"].tolist() == [1, 2, 3, 4]
+    store.record_call(CallRecord(10.0, "rag_basic", "basic", 5.0, True, None))
+    store.record_call(CallRecord(20.0, "rag_hyde", "hyde", 7.0, False, "TIMEOUT"))
+    assert store.calls_since(15.0) == [CallRecord(20.0, "rag_hyde", "hyde", 7.0, False, "TIMEOUT")]
+    stats = store.stats()
+    assert stats["backend"] == "postgres" and stats["collections"] == 0
+
+
+def test_connection_joins_the_open_transaction(store: PostgresStore) -> None:
+    # What technique storage relies on: store.connection() inside transaction() is that transaction's.
+    store.connection().execute("CREATE TABLE side (x INTEGER)")
+    with pytest.raises(RuntimeError), store.transaction() as connection:
+        assert store.connection() is connection
+        store.connection().execute("INSERT INTO side VALUES (1)")
+        raise RuntimeError
+    assert store.connection().execute("SELECT COUNT(*) AS n FROM side").fetchone() == {"n": 0}
+    with store.transaction():
+        store.connection().execute("INSERT INTO side VALUES (2)")
+    other = PostgresStore(store._url)
+    try:
+        assert other.connection().execute("SELECT x FROM side").fetchall() == [{"x": 2}]
+    finally:
+        other.close()
