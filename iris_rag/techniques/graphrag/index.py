@@ -1,6 +1,7 @@
 """The knowledge graph of a collection: entities, their mentions and the relations between them.
 
-Kept in the store's own SQLite file, in step with the documents (TechniqueIndex): extraction and the
+Kept in the store through KnowledgeGraphStorage (storage.py; each backend has its own), in step with
+the documents (TechniqueIndex): extraction and the
 embedding of new entity names happen in prepare(), outside any transaction; write() and delete() run inside
 the store's transaction, so a replaced or deleted document takes its mentions, its relation evidence and
 the weight that evidence gave each relation with it, and an entity left with no mention goes too.
@@ -24,7 +25,6 @@ import bisect
 import hashlib
 import logging
 import math
-import sqlite3
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import check_cancelled
 from iris_rag.embedder import Embedder
 from iris_rag.settings import Settings
@@ -50,87 +49,26 @@ from iris_rag.techniques.graphrag.extraction import (
     Unit,
     entity_key,
 )
+from iris_rag.techniques.graphrag.storage import (
+    AliasRow,
+    EntityRow,
+    EvidenceRow,
+    GraphDocument,
+    GraphWrite,
+    KnowledgeGraphStorage,
+    MentionRow,
+    NewEvidence,
+    NewRelation,
+    RelationRow,
+)
 
 logger = logging.getLogger(__name__)
 
-_BATCH = 500  # ids per IN (...) list
 # Entity names are embedded at ingest (prepare) and stored with the entity. A query compares the query's
 # phrases with every name in graphs of up to this many entities, else with those mentioned by 2+ documents.
 EMBED_ALL_ENTITIES_UP_TO = 20_000
 MIN_DOCUMENTS_TO_EMBED = 2
 NAME_ENCODE_BATCH = 1024  # names per encoder call: short calls, a cancellation checkpoint between them
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS kg_collections (
-    collection_id TEXT PRIMARY KEY,
-    extractor     TEXT NOT NULL,
-    llm_model     TEXT,
-    version       INTEGER NOT NULL DEFAULT 0,
-    updated_at    TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS kg_documents (
-    collection_id TEXT NOT NULL,
-    document_id   TEXT NOT NULL,
-    extractor     TEXT NOT NULL,
-    entities      INTEGER NOT NULL,
-    relations     INTEGER NOT NULL,
-    note          TEXT,
-    PRIMARY KEY (collection_id, document_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS kg_entities (
-    id             INTEGER PRIMARY KEY,
-    collection_id  TEXT NOT NULL,
-    key            TEXT NOT NULL,
-    name           TEXT NOT NULL,
-    type           TEXT NOT NULL,
-    mention_count  INTEGER NOT NULL DEFAULT 0,
-    document_count INTEGER NOT NULL DEFAULT 0,
-    embedding      BLOB,
-    UNIQUE (collection_id, key)
-);
-CREATE TABLE IF NOT EXISTS kg_aliases (
-    collection_id TEXT NOT NULL,
-    alias         TEXT NOT NULL,
-    entity_id     INTEGER NOT NULL,
-    document_id   TEXT NOT NULL,
-    surface       TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS kg_aliases_by_alias ON kg_aliases(collection_id, alias);
-CREATE INDEX IF NOT EXISTS kg_aliases_by_document ON kg_aliases(collection_id, document_id);
-CREATE TABLE IF NOT EXISTS kg_mentions (
-    collection_id TEXT NOT NULL,
-    entity_id     INTEGER NOT NULL,
-    document_id   TEXT NOT NULL,
-    chunk_id      TEXT NOT NULL,
-    field         TEXT NOT NULL,
-    start_char    INTEGER NOT NULL,
-    end_char      INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS kg_mentions_by_entity ON kg_mentions(entity_id);
-CREATE INDEX IF NOT EXISTS kg_mentions_by_document ON kg_mentions(collection_id, document_id);
-CREATE TABLE IF NOT EXISTS kg_relations (
-    id            INTEGER PRIMARY KEY,
-    collection_id TEXT NOT NULL,
-    source_id     INTEGER NOT NULL,
-    target_id     INTEGER NOT NULL,
-    type          TEXT NOT NULL,
-    weight        INTEGER NOT NULL,
-    UNIQUE (collection_id, source_id, target_id, type)
-);
-CREATE INDEX IF NOT EXISTS kg_relations_by_target ON kg_relations(collection_id, target_id);
-CREATE TABLE IF NOT EXISTS kg_evidence (
-    relation_id   INTEGER NOT NULL,
-    collection_id TEXT NOT NULL,
-    document_id   TEXT NOT NULL,
-    chunk_id      TEXT NOT NULL,
-    count         INTEGER NOT NULL,
-    field         TEXT NOT NULL,
-    start_char    INTEGER NOT NULL,
-    end_char      INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS kg_evidence_by_relation ON kg_evidence(relation_id);
-CREATE INDEX IF NOT EXISTS kg_evidence_by_document ON kg_evidence(collection_id, document_id);
-"""
 
 
 def _now() -> str:
@@ -147,13 +85,9 @@ def chunk_id_of(document_id: str, chunk_index: int) -> str:
     return f"{document_id}#{chunk_index}"
 
 
-def _batches(items: Sequence[Any], size: int = _BATCH) -> Iterable[Sequence[Any]]:
+def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _marks(items: Sequence[Any]) -> str:
-    return ",".join("?" * len(items))
 
 
 @dataclass
@@ -170,18 +104,6 @@ class PreparedGraphs:
 
     documents: dict[str, PreparedDocument] = field(default_factory=dict)
     name_vectors: dict[str, npt.NDArray[np.float32]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class EntityRow:
-    """An entity as the query side sees it."""
-
-    id: int
-    key: str
-    name: str
-    type: str
-    mention_count: int
-    document_count: int
 
 
 @dataclass
@@ -212,42 +134,6 @@ def specificity(document_count: int, documents: int) -> float:
     return min(1.0, max(0.0, value))
 
 
-@dataclass(frozen=True, slots=True)
-class RelationRow:
-    """A relation between two entities."""
-
-    id: int
-    source_id: int
-    target_id: int
-    type: str
-    weight: int
-
-
-@dataclass(frozen=True, slots=True)
-class EvidenceRow:
-    """Where a relation is stated."""
-
-    relation_id: int
-    document_id: str
-    chunk_id: str
-    count: int
-    field: str
-    start_char: int
-    end_char: int
-
-
-@dataclass(frozen=True, slots=True)
-class MentionRow:
-    """Where an entity is mentioned."""
-
-    entity_id: int
-    document_id: str
-    chunk_id: str
-    field: str
-    start_char: int
-    end_char: int
-
-
 class KnowledgeGraphIndex:
     """TechniqueIndex of rag_graphrag: entities, mentions and weighted relations per collection."""
 
@@ -256,6 +142,7 @@ class KnowledgeGraphIndex:
     def __init__(self, settings: Settings, store: DocumentStore, embedder: Embedder) -> None:
         self.settings = settings
         self.store = store
+        self.graph = store.technique_storage(KnowledgeGraphStorage)
         self.embedder = embedder
         self.rules = RuleExtractor()
         self.llm: LlmExtractor | None = (
@@ -270,14 +157,6 @@ class KnowledgeGraphIndex:
         return "llm" if self.llm is not None else "rules"
 
     # TechniqueIndex
-    def create_tables(self) -> None:
-        """Create the graph tables if absent; give a graph from before stored name vectors their column."""
-        connection = sqlite_connection(self.store)
-        connection.executescript(_SCHEMA)
-        columns = {row[1] for row in connection.execute("PRAGMA table_info(kg_entities)").fetchall()}
-        if "embedding" not in columns:
-            connection.execute("ALTER TABLE kg_entities ADD COLUMN embedding BLOB")
-
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> PreparedGraphs:
         """Extract entities and relations from each document, place each unit in its chunk, embed the names.
 
@@ -308,10 +187,9 @@ class KnowledgeGraphIndex:
 
     def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Store the documents' entities, mentions, relations (adding to their weights) and evidence."""
-        connection = sqlite_connection(self.store)
         assert isinstance(prepared, PreparedGraphs)
         items = [(d, prepared.documents[d.id]) for d in documents if d.id in prepared.documents]
-        resolve = self._resolve_abbreviations(connection, collection_id, [p.graph for _, p in items])
+        resolve = self._resolve_abbreviations(collection_id, [p.graph for _, p in items])
 
         # Entities: the first mention of a key names it and gives its type.
         # Entities: the first mention of a key names it and gives its type, unless a later one spells the key
@@ -323,41 +201,29 @@ class KnowledgeGraphIndex:
                 current = names.get(key)
                 if current is None or (entity_key(current[0]) != key and entity_key(mention.name) == key):
                     names[key] = (mention.name, mention.type)
-        connection.executemany(
-            "INSERT OR IGNORE INTO kg_entities (collection_id, key, name, type) VALUES (?, ?, ?, ?)",
-            [(collection_id, key, name, kind) for key, (name, kind) in names.items()],
-        )
-        ids: dict[str, int] = {}
-        unembedded: list[tuple[bytes, int]] = []
-        for batch in _batches(list(names)):
-            rows = connection.execute(
-                "SELECT id, key, name, embedding IS NULL FROM kg_entities "
-                f"WHERE collection_id = ? AND key IN ({_marks(batch)})",
-                (collection_id, *batch),
-            ).fetchall()
-            ids.update({row[1]: row[0] for row in rows})
-            # New entities (and old ones stored before vectors were) get the vector of their stored name.
-            unembedded += [
-                (_blob(prepared.name_vectors[row[2]]), row[0])
-                for row in rows
-                if row[3] and row[2] in prepared.name_vectors
+        known = self.graph.ensure_entities(collection_id, names)
+        ids = {entity.key: entity.id for entity in known}
+        # New entities (and old ones stored before vectors were) get the vector of their stored name.
+        self.graph.set_entity_vectors(
+            [
+                (e.id, prepared.name_vectors[e.name])
+                for e in known
+                if e.needs_vector and e.name in prepared.name_vectors
             ]
-        connection.executemany("UPDATE kg_entities SET embedding = ? WHERE id = ?", unembedded)
+        )
 
-        mention_rows: list[tuple[Any, ...]] = []
-        alias_rows: list[tuple[Any, ...]] = []
+        write = GraphWrite()
         mention_counts: Counter[int] = Counter()
         document_counts: Counter[int] = Counter()
         weights: Counter[tuple[int, int, str]] = Counter()
         evidence: dict[tuple[int, int, str], dict[str, list[Any]]] = defaultdict(dict)
-        document_rows: list[tuple[Any, ...]] = []
         for document, item in items:
             graph = item.graph
             for mention in graph.mentions:
                 entity = ids[resolve.get(mention.key, mention.key)]
                 chunk = chunk_id_of(document.id, item.unit_chunks[mention.unit])
-                mention_rows.append(
-                    (collection_id, entity, document.id, chunk, mention.field, mention.start, mention.end)
+                write.mentions.append(
+                    MentionRow(entity, document.id, chunk, mention.field, mention.start, mention.end)
                 )
                 mention_counts[entity] += 1
             for entity in {ids[resolve.get(m.key, m.key)] for m in graph.mentions}:
@@ -382,49 +248,25 @@ class KnowledgeGraphIndex:
             for short, long in graph.aliases.items():
                 if long in ids:
                     surface = graph.short_forms.get(short, short)
-                    alias_rows.append((collection_id, short, ids[long], document.id, surface))
-            document_rows.append(
-                (
-                    collection_id,
-                    document.id,
-                    graph.extractor,
-                    len({m.key for m in graph.mentions}),
-                    relation_count,
-                    graph.note,
-                )
+                    write.aliases.append(AliasRow(short, ids[long], document.id, surface))
+            entity_count = len({m.key for m in graph.mentions})
+            write.documents.append(
+                GraphDocument(document.id, graph.extractor, entity_count, relation_count, graph.note)
             )
 
-        connection.executemany(
-            "INSERT INTO kg_mentions VALUES (?, ?, ?, ?, ?, ?, ?)",
-            mention_rows,
-        )
-        connection.executemany(
-            "UPDATE kg_entities SET mention_count = mention_count + ?, document_count = document_count + ? "
-            "WHERE id = ?",
-            [(mention_counts[e], document_counts[e], e) for e in mention_counts],
-        )
-        evidence_rows: list[tuple[Any, ...]] = []
-        for triple, weight in weights.items():
-            relation_id = connection.execute(
-                """INSERT INTO kg_relations (collection_id, source_id, target_id, type, weight)
-                   VALUES (?, ?, ?, ?, ?)
-                   ON CONFLICT (collection_id, source_id, target_id, type)
-                   DO UPDATE SET weight = weight + excluded.weight
-                   RETURNING id""",
-                (collection_id, *triple, weight),
-            ).fetchone()[0]
-            for chunk, (document_id, count, text_field, start, end) in evidence[triple].items():
-                evidence_rows.append(
-                    (relation_id, collection_id, document_id, chunk, count, text_field, start, end)
-                )
-        connection.executemany("INSERT INTO kg_evidence VALUES (?, ?, ?, ?, ?, ?, ?, ?)", evidence_rows)
-        connection.executemany("INSERT INTO kg_aliases VALUES (?, ?, ?, ?, ?)", alias_rows)
-        connection.executemany("INSERT INTO kg_documents VALUES (?, ?, ?, ?, ?, ?)", document_rows)
-        self._touch(connection, collection_id)
+        write.counts = {e: (mention_counts[e], document_counts[e]) for e in mention_counts}
+        write.relations = [
+            NewRelation(
+                *triple,
+                weight,
+                [NewEvidence(slot[0], chunk, *slot[1:]) for chunk, slot in evidence[triple].items()],
+            )
+            for triple, weight in weights.items()
+        ]
+        self.graph.add(collection_id, write)
+        self._touch(collection_id)
 
-    def _resolve_abbreviations(
-        self, connection: sqlite3.Connection, collection_id: str, graphs: list[DocumentGraph]
-    ) -> dict[str, str]:
+    def _resolve_abbreviations(self, collection_id: str, graphs: list[DocumentGraph]) -> dict[str, str]:
         """Abbreviations a document uses without defining them -> the expansion defined elsewhere.
 
         Definitions in this batch and in the collection's documents count; the most frequent wins.
@@ -437,208 +279,87 @@ class KnowledgeGraphIndex:
             for short, long in graph.aliases.items():
                 if short in wanted:
                     votes[short][long] += 1
-        keys = sorted(wanted)
-        for batch in _batches(keys):
-            rows = connection.execute(
-                f"""SELECT a.alias, e.key, COUNT(*) FROM kg_aliases a JOIN kg_entities e ON e.id = a.entity_id
-                    WHERE a.collection_id = ? AND a.alias IN ({_marks(batch)}) GROUP BY a.alias, e.key""",
-                (collection_id, *batch),
-            ).fetchall()
-            for alias, key, count in rows:
-                votes[alias][key] += count
+        for alias, key, count in self.graph.alias_votes(collection_id, sorted(wanted)):
+            votes[alias][key] += count
         return {
             short: min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0] for short, counter in votes.items()
         }
 
     def delete(self, collection_id: str, document_id: str) -> None:
         """Drop a document's mentions and evidence, subtract its counts from the weights, drop empty rows."""
-        connection = sqlite_connection(self.store)
-        known = connection.execute(
-            "SELECT 1 FROM kg_documents WHERE collection_id = ? AND document_id = ?",
-            (collection_id, document_id),
-        ).fetchone()
-        if known is None:
-            return
-        counts = connection.execute(
-            "SELECT relation_id, SUM(count) FROM kg_evidence WHERE collection_id = ? AND document_id = ? "
-            "GROUP BY relation_id",
-            (collection_id, document_id),
-        ).fetchall()
-        connection.executemany(
-            "UPDATE kg_relations SET weight = weight - ? WHERE id = ?", [(c[1], c[0]) for c in counts]
-        )
-        connection.execute(
-            "DELETE FROM kg_evidence WHERE collection_id = ? AND document_id = ?",
-            (collection_id, document_id),
-        )
-        for batch in _batches([c[0] for c in counts]):
-            connection.execute(
-                f"DELETE FROM kg_relations WHERE weight <= 0 AND id IN ({_marks(batch)})", tuple(batch)
-            )
-        mentioned = connection.execute(
-            "SELECT entity_id, COUNT(*) FROM kg_mentions WHERE collection_id = ? AND document_id = ? "
-            "GROUP BY entity_id",
-            (collection_id, document_id),
-        ).fetchall()
-        connection.executemany(
-            "UPDATE kg_entities SET mention_count = mention_count - ?, document_count = document_count - 1 "
-            "WHERE id = ?",
-            [(m[1], m[0]) for m in mentioned],
-        )
-        connection.execute(
-            "DELETE FROM kg_mentions WHERE collection_id = ? AND document_id = ?",
-            (collection_id, document_id),
-        )
-        for batch in _batches([m[0] for m in mentioned]):
-            gone = [
-                row[0]
-                for row in connection.execute(
-                    f"SELECT id FROM kg_entities WHERE mention_count <= 0 AND id IN ({_marks(batch)})",
-                    tuple(batch),
-                ).fetchall()
-            ]
-            if gone:
-                marks = _marks(gone)
-                # Their relations lost all evidence with the mentions; this only guards against drift.
-                connection.execute(
-                    f"DELETE FROM kg_evidence WHERE relation_id IN (SELECT id FROM kg_relations "
-                    f"WHERE source_id IN ({marks}) OR target_id IN ({marks}))",
-                    (*gone, *gone),
-                )
-                connection.execute(
-                    f"DELETE FROM kg_relations WHERE source_id IN ({marks}) OR target_id IN ({marks})",
-                    (*gone, *gone),
-                )
-                connection.execute(f"DELETE FROM kg_aliases WHERE entity_id IN ({marks})", tuple(gone))
-                connection.execute(f"DELETE FROM kg_entities WHERE id IN ({marks})", tuple(gone))
-        connection.execute(
-            "DELETE FROM kg_aliases WHERE collection_id = ? AND document_id = ?", (collection_id, document_id)
-        )
-        connection.execute(
-            "DELETE FROM kg_documents WHERE collection_id = ? AND document_id = ?",
-            (collection_id, document_id),
-        )
-        self._touch(connection, collection_id)
+        if self.graph.delete_document(collection_id, document_id):
+            self._touch(collection_id)
 
-    def _touch(self, connection: sqlite3.Connection, collection_id: str) -> None:
+    def _touch(self, collection_id: str) -> None:
         """Bump the graph's version and record which extractor(s) built it."""
-        by_extractor = dict(
-            connection.execute(
-                "SELECT extractor, COUNT(*) FROM kg_documents WHERE collection_id = ? GROUP BY extractor",
-                (collection_id,),
-            ).fetchall()
-        )
+        by_extractor = self.graph.extractor_counts(collection_id)
         extractor = (
             next(iter(by_extractor)) if len(by_extractor) == 1 else "mixed" if by_extractor else "none"
         )
         model = self.llm.model_name if self.llm is not None and "llm" in by_extractor else None
-        connection.execute(
-            """INSERT INTO kg_collections (collection_id, extractor, llm_model, version, updated_at)
-               VALUES (?, ?, ?, 1, ?)
-               ON CONFLICT (collection_id) DO UPDATE SET extractor = excluded.extractor,
-                   llm_model = COALESCE(excluded.llm_model, llm_model), version = version + 1,
-                   updated_at = excluded.updated_at""",
-            (collection_id, extractor, model, _now()),
-        )
+        self.graph.record(collection_id, extractor, model, _now())
 
     def stats(self) -> dict[str, Any]:
         """Per collection: documents, entities, mentions, relations, extractor and the largest component."""
-        connection = sqlite_connection(self.store)
         collections: dict[str, Any] = {}
-        for collection_id, extractor, llm_model, version in connection.execute(
-            """SELECT g.collection_id, g.extractor, g.llm_model, COALESCE(v.version, 0) FROM kg_collections g
-               LEFT JOIN collection_versions v ON v.collection_id = g.collection_id
-               ORDER BY g.collection_id"""
-        ).fetchall():
-            counts = {
-                name: connection.execute(
-                    f"SELECT COUNT(*) FROM {table} WHERE collection_id = ?", (collection_id,)
-                ).fetchone()[0]
-                for name, table in (
-                    ("documents", "kg_documents"),
-                    ("entities", "kg_entities"),
-                    ("mentions", "kg_mentions"),
-                    ("relations", "kg_relations"),
-                )
-            }
+        for collection_id, record in self.graph.collections():
             collections[collection_id] = {
-                "extractor": extractor,
-                **({"llm_model": llm_model} if llm_model else {}),
-                **counts,
-                "largest_component": self.largest_component(connection, collection_id, version),
-                "extractors": self.extractor_counts(connection, collection_id),
+                "extractor": record.extractor,
+                **({"llm_model": record.llm_model} if record.llm_model else {}),
+                **self.graph.counts(collection_id),
+                "largest_component": self.largest_component(collection_id, record.version),
+                "extractors": self.extractor_counts(collection_id),
             }
         return {"collections": collections}
 
-    def largest_component(self, connection: sqlite3.Connection, collection_id: str, version: int) -> int:
+    def largest_component(self, collection_id: str, version: int) -> int:
         """Entities in the largest connected component (union-find; once per data version)."""
-        return self._components.get(
-            collection_id, version, lambda: _largest_component(connection, collection_id)
-        )
+        return self._components.get(collection_id, version, lambda: self._largest_component(collection_id))
+
+    def _largest_component(self, collection_id: str) -> int:
+        entities = self.graph.counts(collection_id)["entities"]
+        return largest_component(self.graph.relation_ends(collection_id), entities)
 
     def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents the graph covers."""
-        connection = sqlite_connection(self.store)
-        row = connection.execute(
-            "SELECT COUNT(*) FROM kg_documents WHERE collection_id = ?", (collection_id,)
-        ).fetchone()
-        return int(row[0])
+        return self.graph.indexed_documents(collection_id)
 
     # Query side
     def collection_info(self, collection_id: str) -> dict[str, Any]:
         """The collection's graph record: extractor, LLM model, version, update time."""
-        row = (
-            sqlite_connection(self.store)
-            .execute(
-                "SELECT extractor, llm_model, version, updated_at FROM kg_collections "
-                "WHERE collection_id = ?",
-                (collection_id,),
-            )
-            .fetchone()
-        )
-        if row is None:
+        record = self.graph.graph_record(collection_id)
+        if record is None:
             return {"extractor": "none", "llm_model": None, "version": 0, "updated_at": None}
-        return {"extractor": row[0], "llm_model": row[1], "version": row[2], "updated_at": row[3]}
-
-    def extractor_counts(self, connection: sqlite3.Connection, collection_id: str) -> dict[str, int]:
-        """How many documents each extractor read (llm, rules, rules_fallback)."""
         return {
-            row[0]: row[1]
-            for row in connection.execute(
-                "SELECT extractor, COUNT(*) FROM kg_documents WHERE collection_id = ? GROUP BY extractor",
-                (collection_id,),
-            ).fetchall()
+            "extractor": record.extractor,
+            "llm_model": record.llm_model,
+            "version": record.version,
+            "updated_at": record.updated_at,
         }
+
+    def extractor_counts(self, collection_id: str) -> dict[str, int]:
+        """How many documents each extractor read (llm, rules, rules_fallback)."""
+        return self.graph.extractor_counts(collection_id)
 
     def entity_table(self, collection_id: str, version: int) -> EntityTable:
         """The collection's entities with their name vectors, loaded once per data version (read before)."""
         return self._tables.get(collection_id, version, lambda: self._load_entities(collection_id))
 
     def _load_entities(self, collection_id: str) -> EntityTable:
-        connection = sqlite_connection(self.store)
-        total = connection.execute(
-            "SELECT COUNT(*) FROM kg_entities WHERE collection_id = ?", (collection_id,)
-        ).fetchone()[0]
+        total = self.graph.counts(collection_id)["entities"]
         # Large graphs compare the query with the names of the entities that connect documents; the long
         # tail of entities mentioned by one document still links exactly and fuzzily.
         min_documents = 1 if total <= EMBED_ALL_ENTITIES_UP_TO else MIN_DOCUMENTS_TO_EMBED
         rows: list[EntityRow] = []
         embedded: list[int] = []
         blobs: list[bytes | None] = []
-        for row in connection.execute(
-            "SELECT id, key, name, type, mention_count, document_count, "
-            "CASE WHEN document_count >= ? THEN embedding END, document_count >= ? "
-            "FROM kg_entities WHERE collection_id = ? ORDER BY id",
-            (min_documents, min_documents, collection_id),
-        ):
-            if row[7]:
+        for stored in self.graph.entities(collection_id, min_documents):
+            if stored.wanted:
                 embedded.append(len(rows))
-                blobs.append(row[6])
-            rows.append(EntityRow(*row[:6]))
+                blobs.append(stored.vector)
+            rows.append(stored.row)
         aliases: dict[str, list[int]] = defaultdict(list)
-        for alias, entity_id in connection.execute(
-            "SELECT DISTINCT alias, entity_id FROM kg_aliases WHERE collection_id = ?", (collection_id,)
-        ).fetchall():
+        for alias, entity_id in self.graph.entity_aliases(collection_id):
             aliases[alias].append(entity_id)
         return EntityTable(
             documents=self.indexed_documents(collection_id),
@@ -695,68 +416,23 @@ class KnowledgeGraphIndex:
 
     def relations_of(self, collection_id: str, entity_ids: Iterable[int]) -> list[RelationRow]:
         """Every relation with one of the entities at either end."""
-        connection = sqlite_connection(self.store)
-        wanted = sorted(set(entity_ids))
-        found: dict[int, RelationRow] = {}
-        for batch in _batches(wanted):
-            # One query per end, so that each uses its index (an OR of the two would scan the table).
-            for end in ("source_id", "target_id"):
-                for row in connection.execute(
-                    f"SELECT id, source_id, target_id, type, weight FROM kg_relations "
-                    f"WHERE {end} IN ({_marks(batch)}) AND collection_id = ?",
-                    (*batch, collection_id),
-                ).fetchall():
-                    found[row[0]] = RelationRow(*row)
-        return list(found.values())
+        return self.graph.relations_of(collection_id, list(entity_ids))
 
     def evidence_of(self, relation_ids: Iterable[int]) -> list[EvidenceRow]:
         """Every evidence row of the relations."""
-        connection = sqlite_connection(self.store)
-        rows: list[EvidenceRow] = []
-        for batch in _batches(sorted(set(relation_ids))):
-            rows += [
-                EvidenceRow(*row)
-                for row in connection.execute(
-                    "SELECT relation_id, document_id, chunk_id, count, field, start_char, end_char "
-                    f"FROM kg_evidence WHERE relation_id IN ({_marks(batch)})",
-                    tuple(batch),
-                ).fetchall()
-            ]
-        return rows
+        return self.graph.evidence_of(list(relation_ids))
 
     def mentions_of(self, entity_ids: Iterable[int]) -> list[MentionRow]:
         """Every mention of the entities."""
-        connection = sqlite_connection(self.store)
-        rows: list[MentionRow] = []
-        for batch in _batches(sorted(set(entity_ids))):
-            rows += [
-                MentionRow(*row)
-                for row in connection.execute(
-                    "SELECT entity_id, document_id, chunk_id, field, start_char, end_char "
-                    f"FROM kg_mentions WHERE entity_id IN ({_marks(batch)})",
-                    tuple(batch),
-                ).fetchall()
-            ]
-        return rows
+        return self.graph.mentions_of(list(entity_ids))
 
     def aliases_of(self, entity_id: int) -> list[str]:
         """The abbreviations that stand for an entity, as written."""
-        rows = (
-            sqlite_connection(self.store)
-            .execute(
-                "SELECT DISTINCT surface FROM kg_aliases WHERE entity_id = ? ORDER BY surface", (entity_id,)
-            )
-            .fetchall()
-        )
-        return [row[0] for row in rows]
+        return self.graph.aliases_of(entity_id)
 
 
-def _blob(vector: npt.NDArray[np.float32]) -> bytes:
-    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
-
-
-def _largest_component(connection: sqlite3.Connection, collection_id: str) -> int:
-    """Entities in the largest connected component of the collection's graph (union-find)."""
+def largest_component(edges: list[tuple[int, int]], entities: int) -> int:
+    """Entities in the largest connected component of a graph's edges (union-find)."""
     parent: dict[int, int] = {}
 
     def find(x: int) -> int:
@@ -767,16 +443,11 @@ def _largest_component(connection: sqlite3.Connection, collection_id: str) -> in
             parent[x], x = root, parent[x]
         return root
 
-    for source, target in connection.execute(
-        "SELECT source_id, target_id FROM kg_relations WHERE collection_id = ?", (collection_id,)
-    ):
+    for source, target in edges:
         a, b = find(source), find(target)
         if a != b:
             parent[a] = b
     sizes = Counter(find(x) for x in list(parent))
-    entities = connection.execute(
-        "SELECT COUNT(*) FROM kg_entities WHERE collection_id = ?", (collection_id,)
-    ).fetchone()[0]
     return max(sizes.values(), default=1 if entities else 0)
 
 

@@ -31,14 +31,14 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import check_cancelled
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.techniques.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.techniques.graphrag.extraction import GENERIC, STOPWORDS, RuleExtractor, entity_key
-from iris_rag.techniques.graphrag.index import EntityRow, EntityTable, KnowledgeGraphIndex, RelationRow
+from iris_rag.techniques.graphrag.index import EntityTable, KnowledgeGraphIndex
+from iris_rag.techniques.graphrag.storage import EntityRow, RelationRow
 from iris_rag.validation import validate_arguments
 
 CANDIDATE_POOL = 100  # dense candidates, besides the chunks the graph reaches
@@ -353,7 +353,7 @@ class GraphRagPipeline(Pipeline):
         info = self.index.collection_info(collection.id)
         specific: dict[str, Any] = {
             "extractor": info["extractor"],
-            "extractors": self.index.extractor_counts(sqlite_connection(store), collection.id),
+            "extractors": self.index.extractor_counts(collection.id),
             **({"llm_model": info["llm_model"]} if info["llm_model"] else {}),
             "max_hops": params.max_hops,
             "entity_threshold": params.entity_threshold,

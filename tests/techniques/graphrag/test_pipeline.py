@@ -15,8 +15,9 @@ from iris_rag.errors import InvalidParametersError, RequestCancelledError
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
-from iris_rag.techniques.graphrag.index import EntityRow, EntityTable
+from iris_rag.techniques.graphrag.index import EntityTable
 from iris_rag.techniques.graphrag.pipeline import GraphRagPipeline, link_entities, query_phrases
+from iris_rag.techniques.graphrag.storage import EntityRow
 from tests.conftest import DOCUMENTS
 
 # Metformin activates AMPK (document 1); AMPK shuts down mTORC1 through raptor (document 2). A question

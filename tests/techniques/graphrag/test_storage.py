@@ -1,0 +1,83 @@
+"""rag_graphrag's storage contract, driven through store.technique_storage on each backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from iris_rag.backends import create_store
+from iris_rag.settings import Settings
+from iris_rag.stores.base import DocumentStore
+from iris_rag.techniques.graphrag.storage import (
+    AliasRow,
+    GraphDocument,
+    GraphWrite,
+    KnowledgeGraphStorage,
+    MentionRow,
+    NewEvidence,
+    NewRelation,
+)
+
+
+@pytest.fixture(params=["sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DocumentStore]:
+    made = create_store(Settings(RAG_DATA_DIR=tmp_path, RAG_STORE=request.param))
+    yield made
+    made.close()
+
+
+def _document(graph: KnowledgeGraphStorage, document_id: str, keys: list[str]) -> dict[str, int]:
+    """Write one document mentioning the keys, with a co_occurs relation between the first two."""
+    entities = graph.ensure_entities("c", {k: (k.upper(), "concept") for k in keys})
+    ids = {e.key: e.id for e in entities}
+    a, b = ids[keys[0]], ids[keys[1]]
+    evidence = [NewEvidence(document_id, f"{document_id}#0", 1, "content", 0, 10)]
+    graph.add(
+        "c",
+        GraphWrite(
+            mentions=[MentionRow(ids[k], document_id, f"{document_id}#0", "content", 0, 3) for k in keys],
+            counts={ids[k]: (1, 1) for k in keys},
+            relations=[NewRelation(min(a, b), max(a, b), "co_occurs", 1, evidence)],
+            aliases=[AliasRow("X", ids[keys[0]], document_id, "X")],
+            documents=[GraphDocument(document_id, "rules", len(keys), 1, None)],
+        ),
+    )
+    return ids
+
+
+def test_write_read_and_delete_keep_counts_in_step(store: DocumentStore) -> None:
+    graph = store.technique_storage(KnowledgeGraphStorage)
+    first = _document(graph, "d1", ["alpha", "beta"])
+    second = _document(graph, "d2", ["alpha", "beta", "gamma"])
+    assert first["alpha"] == second["alpha"], "an entity is created once per collection"
+    vector = np.arange(4, dtype=np.float32)
+    graph.set_entity_vectors([(first["alpha"], vector)])
+    assert [e.key for e in graph.ensure_entities("c", {"alpha": ("A", "x")}) if not e.needs_vector] == [
+        "alpha"
+    ]
+
+    stored = {e.row.key: e for e in graph.entities("c", min_documents=1)}
+    assert stored["alpha"].row.document_count == 2 and stored["alpha"].row.mention_count == 2
+    assert np.frombuffer(stored["alpha"].vector or b"", dtype=np.float32).tolist() == vector.tolist()
+    relations = graph.relations_of("c", [first["alpha"]])
+    assert [r.weight for r in relations] == [2], "weights add up over documents"
+    assert {e.document_id for e in graph.evidence_of([relations[0].id])} == {"d1", "d2"}
+    assert graph.alias_votes("c", ["X"]) == [("X", "alpha", 2)]
+    assert graph.counts("c") == {"documents": 2, "entities": 3, "mentions": 5, "relations": 1}
+    assert graph.extractor_counts("c") == {"rules": 2}
+
+    assert graph.delete_document("c", "d2")
+    assert not graph.delete_document("c", "d2"), "a document the graph does not cover"
+    assert graph.counts("c") == {"documents": 1, "entities": 2, "mentions": 2, "relations": 1}
+    assert [r.weight for r in graph.relations_of("c", [first["alpha"]])] == [1]
+    assert {m.document_id for m in graph.mentions_of([first["alpha"]])} == {"d1"}
+    assert graph.indexed_documents("c") == 1
+
+    graph.record("c", "rules", None, "2026-01-01T00:00:00")
+    graph.record("c", "rules", None, "2026-01-02T00:00:00")
+    record = graph.graph_record("c")
+    assert record is not None and record.version == 2 and record.updated_at == "2026-01-02T00:00:00"
+    assert graph.graph_record("other") is None
