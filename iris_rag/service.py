@@ -20,7 +20,7 @@ from iris_rag.llm_health import LlmProbe
 from iris_rag.monitor import Monitor
 from iris_rag.schemas import served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
-from iris_rag.techniques.base import PipelineContext, TechniqueRequest
+from iris_rag.techniques.base import Pipeline, PipelineContext, TechniqueRequest
 from iris_rag.techniques.registry import PIPELINES
 from iris_rag.validation import validate_arguments
 
@@ -70,17 +70,17 @@ class RagService:
             if "technique" not in spec["bridge"]
         }
         served = _served(settings, self._tool_by_technique)
-        self.pipelines = {name: cls(context) for name, cls in PIPELINES.items() if name in served}
-        indexes = [i for p in self.pipelines.values() if (i := p.technique_index()) is not None]
+        # A technique whose rows this backend cannot store yet (its storage contract has no implementation
+        # here) is refused at start, by name, rather than at its first call.
+        self.pipelines: dict[str, Pipeline] = {}
         unavailable = []
-        for pipeline_name, pipeline in self.pipelines.items():
-            index = pipeline.technique_index()
-            if index is None:
+        for name, cls in PIPELINES.items():
+            if name not in served:
                 continue
             try:
-                self.store.register_index(index)
+                self.pipelines[name] = cls(context)
             except NotImplementedError:
-                unavailable.append(pipeline_name)
+                unavailable.append(name)
         if unavailable:
             self.store.close()
             msg = (
@@ -89,6 +89,9 @@ class RagService:
                 "RAG_TECHNIQUES=basic,hyde,hybrid_ifind,crag"
             )
             raise ValueError(msg)
+        indexes = [i for p in self.pipelines.values() if (i := p.technique_index()) is not None]
+        for index in indexes:
+            self.store.register_index(index)
         self.ingestor = Ingestor(settings, self.store, self.embedder, indexes)
 
     def close(self) -> None:

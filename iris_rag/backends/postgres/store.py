@@ -115,9 +115,9 @@ class PostgresStore:
             yield connection
 
     def register_index(self, index: TechniqueIndex) -> None:
-        """Technique indexes need their technique's storage, which this backend does not have yet."""
-        msg = f"the postgres backend has no storage for the {index.name!r} technique index yet"
-        raise NotImplementedError(msg)
+        """Keep a technique's index in step with every later upsert and delete (in their transactions)."""
+        with self._pinned_lock:
+            self._technique_indexes.append(index)
 
     def technique_storage(self, contract: type[T]) -> T:
         """The PostgreSQL implementation of a technique's storage contract, made once per store."""
