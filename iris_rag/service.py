@@ -18,9 +18,9 @@ from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.llm_health import LlmProbe
 from iris_rag.monitor import Monitor
+from iris_rag.pipeline import Pipeline, PipelineContext, TechniqueRequest
 from iris_rag.schemas import served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
-from iris_rag.techniques.base import Pipeline, PipelineContext, TechniqueRequest
 from iris_rag.techniques.registry import PIPELINES
 from iris_rag.validation import validate_arguments
 

@@ -2,8 +2,8 @@
 
 import re
 
+from iris_rag.pipeline import QueryOptions, TechniqueRequest
 from iris_rag.schemas import technique_tools, tool_spec, tool_specs
-from iris_rag.techniques.base import QueryOptions, TechniqueRequest
 from iris_rag.techniques.registry import PIPELINES
 
 

@@ -17,9 +17,9 @@ from iris_rag.evaluation.beir import BeirDataset
 from iris_rag.evaluation.collection import ensure_collection
 from iris_rag.evaluation.metrics import score_run
 from iris_rag.evaluation.techniques import TechniqueSpec
+from iris_rag.pipeline import Pipeline, QueryOptions, RetrievedDocument
 from iris_rag.service import RagService
 from iris_rag.stores.base import CollectionInfo
-from iris_rag.techniques.base import Pipeline, QueryOptions, RetrievedDocument
 
 # Documents are chunked: ask for this many chunks per wanted document so that k distinct ones come back.
 CHUNKS_PER_DOCUMENT = 3

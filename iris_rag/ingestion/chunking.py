@@ -2,41 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
-# A sentence ends at . ! ? (optionally followed by a closing quote or bracket) before whitespace and an
-# uppercase letter, digit or opening quote/bracket; blank lines always end one. Abbreviations such as
-# "e.g." followed by a lowercase word are therefore not split.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[A-Z0-9\"'(\[])|\n\s*\n")
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """A piece of a document's text with its character offsets."""
-
-    text: str
-    start: int
-    end: int
-
-
-def split_sentences(text: str) -> list[Span]:
-    """Split text into sentences with their offsets; whitespace between them is dropped."""
-    spans: list[Span] = []
-    position = 0
-    for match in _SENTENCE_END.finditer(text):
-        _append_stripped(spans, text, position, match.start())
-        position = match.end()
-    _append_stripped(spans, text, position, len(text))
-    return spans
-
-
-def _append_stripped(spans: list[Span], text: str, start: int, end: int) -> None:
-    piece = text[start:end]
-    stripped = piece.strip()
-    if stripped:
-        offset = start + (len(piece) - len(piece.lstrip()))
-        spans.append(Span(stripped, offset, offset + len(stripped)))
+from iris_rag.text import Span, split_sentences
 
 
 def _split_long(span: Span, size: int) -> list[Span]:

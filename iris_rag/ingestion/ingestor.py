@@ -18,9 +18,15 @@ from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.settings import Settings
-from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore, NewCollection
+from iris_rag.stores.base import (
+    ChunkInput,
+    DocumentInput,
+    DocumentStore,
+    NewCollection,
+    check_embedding_model,
+)
 from iris_rag.stores.technique_index import ChunkEncoding, ChunkEncodingSource, TechniqueIndex
-from iris_rag.techniques.base import check_embedding_model
+from iris_rag.text import embedding_text
 
 MAX_ID_LENGTH = 256
 COLLECTION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # as common.json#/$defs/collection_id
@@ -75,11 +81,6 @@ class IngestTotals:
             "embeddings_reused": self.embeddings_reused,
             "errors": self.errors,
         }
-
-
-def embedding_text(title: str, chunk: str) -> str:
-    """What is embedded for a chunk: its document's title gives it context (as BEIR encodes title + text)."""
-    return f"{title}\n{chunk}" if title else chunk
 
 
 class Ingestor:

@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-import snowballstemmer
 from rapidfuzz import fuzz, process
 
-_TERM = re.compile(r"\w+", re.UNICODE)
-_PORTER = snowballstemmer.stemmer("porter")
-# Function words carry no evidence and make every OR query scan most of the index.
-STOPWORDS = frozenset(
-    (
-        "a an and are as at be been being but by can could did do does for from had has have how i if in "
-        "into is it its of on or our so such than that the their them then there these they this those to "
-        "was we were what when where which while who whom why will with would you your"
-    ).split()
-)
-
-
-def query_terms(text: str) -> list[str]:
-    """The distinct lowercase terms of a query, stopwords removed, in order."""
-    terms = [t for t in _TERM.findall(text.lower()) if t not in STOPWORDS]
-    return list(dict.fromkeys(terms))
+from iris_rag.text import stem
 
 
 @dataclass
@@ -36,11 +19,6 @@ class FuzzyRepair:
     def extra_terms(self) -> list[str]:
         """Every replacement term, in order, without repeats."""
         return list(dict.fromkeys(t for ts in self.expansions.values() for t in ts))
-
-
-def stem(term: str) -> str:
-    """The Porter stem, as FTS5's porter tokenizer stores the term."""
-    return str(_PORTER.stemWord(term))
 
 
 def unknown_terms(terms: list[str], vocabulary: dict[str, int]) -> list[str]:

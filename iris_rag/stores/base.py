@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.errors import EmbeddingMismatchError
 from iris_rag.stores.filters import MetadataFilter
 
 if TYPE_CHECKING:
@@ -261,3 +262,21 @@ class DocumentStore(Protocol):
 
     def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details."""
+
+
+def check_embedding_model(collection: CollectionInfo, model_name: str) -> None:
+    """Vectors from two models are not comparable: refuse rather than return nonsense."""
+    if collection.embedding_model != model_name:
+        msg = (
+            f"collection {collection.id!r} was built with embedding model {collection.embedding_model!r} "
+            f"({collection.dimension} dimensions) but the server is configured with {model_name!r}; "
+            "set EMBEDDING_MODEL to the collection's model or ingest into a new collection"
+        )
+        raise EmbeddingMismatchError(
+            msg,
+            {
+                "collection_model": collection.embedding_model,
+                "configured_model": model_name,
+                "collection_dimension": collection.dimension,
+            },
+        )

@@ -1,1 +1,1 @@
-"""The eight techniques: the pipeline template (base.py), a module or folder each, and the registry."""
+"""The eight techniques, a module or a folder each (pipeline, index, storage contract), and the registry."""

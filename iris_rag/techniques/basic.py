@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
-from iris_rag.techniques.base import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 
 
 class BasicPipeline(Pipeline):

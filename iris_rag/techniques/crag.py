@@ -24,14 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
-from iris_rag.ingestion.chunking import split_sentences
-from iris_rag.ingestion.ingestor import embedding_text
 from iris_rag.llm import Produced, TechniqueLLM, first_line
-from iris_rag.retrieval.keyword import STOPWORDS, query_terms, stem
+from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo, KeywordQuery, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.versioned import VersionedCache
-from iris_rag.techniques.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
+from iris_rag.text import STOPWORDS, embedding_text, query_terms, split_sentences, stem
 
 Verdict = Literal["correct", "ambiguous", "incorrect"]
 Vector = npt.NDArray[np.float32]

@@ -6,17 +6,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.retrieval.fusion import FusedScore, reciprocal_rank_fusion, weighted_fusion
-from iris_rag.retrieval.keyword import (
-    FuzzyRepair,
-    query_terms,
-    repair_terms,
-    unknown_terms,
-)
+from iris_rag.retrieval.keyword import FuzzyRepair, repair_terms, unknown_terms
 from iris_rag.stores.base import CollectionInfo, KeywordQuery, KeywordScoring, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.versioned import VersionedCache
-from iris_rag.techniques.base import Pipeline, QueryOptions, Retrieval, RetrievedDocument
+from iris_rag.text import query_terms
 
 
 class HybridParams(BaseModel):

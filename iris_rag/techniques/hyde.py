@@ -18,11 +18,11 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from iris_rag.cancellation import check_cancelled
-from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.llm import TechniqueLLM, strip_label
+from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import MetadataFilter, parse_filters
-from iris_rag.techniques.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
+from iris_rag.text import split_sentences
 
 Vector = npt.NDArray[np.float32]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from iris_rag.techniques.base import Pipeline
+from iris_rag.pipeline import Pipeline
 from iris_rag.techniques.basic import BasicPipeline
 from iris_rag.techniques.colbert.pipeline import ColbertPipeline
 from iris_rag.techniques.crag import CragPipeline

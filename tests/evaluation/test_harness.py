@@ -13,10 +13,10 @@ from iris_rag.embedder import Embedder
 from iris_rag.errors import InvalidParametersError, PipelineNotFoundError
 from iris_rag.evaluation.collection import collection_name
 from iris_rag.evaluation.harness import document_ranking, rank
+from iris_rag.pipeline import NoParams, Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, StoredChunk
-from iris_rag.techniques.base import NoParams, Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from tests.conftest import DOCUMENTS
 from tests.evaluation.conftest import write_beir
 

@@ -1,6 +1,7 @@
 import itertools
 
-from iris_rag.ingestion.chunking import chunk_text, split_sentences
+from iris_rag.ingestion.chunking import chunk_text
+from iris_rag.text import split_sentences
 
 TEXT = (
     "Aspirin lowers risk. It was tested in 2019, e.g. in older adults. Results were clear! "

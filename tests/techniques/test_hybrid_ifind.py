@@ -5,9 +5,10 @@ from typing import Any
 import pytest
 
 from iris_rag.backends.sqlite.store import match_expression
-from iris_rag.retrieval.keyword import query_terms, repair_terms
+from iris_rag.retrieval.keyword import repair_terms
 from iris_rag.service import RagService
 from iris_rag.stores.base import KeywordQuery
+from iris_rag.text import query_terms
 from tests.conftest import DOCUMENTS
 
 EXTRA = [

@@ -35,6 +35,7 @@ from iris_rag.stores.base import (
 )
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.technique_index import TechniqueIndex
+from iris_rag.text import chunk_id
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +254,7 @@ class PostgresStore:
                 (
                     collection_id,
                     document.id,
-                    f"{document.id}#{chunk.index}",
+                    chunk_id(document.id, chunk.index),
                     chunk.index,
                     chunk.content,
                     chunk.start_char,

@@ -33,6 +33,7 @@ from iris_rag.stores.base import (
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.stores.versioned import VersionedCache
+from iris_rag.text import chunk_id
 
 logger = logging.getLogger(__name__)
 
@@ -541,7 +542,7 @@ class SqliteStore:
             (
                 collection_id,
                 document.id,
-                f"{document.id}#{chunk.index}",
+                chunk_id(document.id, chunk.index),
                 chunk.index,
                 chunk.content,
                 chunk.start_char,

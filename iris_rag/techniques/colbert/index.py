@@ -25,10 +25,10 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.embedder import Embedder
-from iris_rag.ingestion.ingestor import embedding_text
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.technique_index import ChunkEncoding
 from iris_rag.techniques.colbert.storage import TokenRow, TokenVectorStorage
+from iris_rag.text import chunk_id, embedding_text
 
 TOKEN_DIMENSION = 96
 """Dimensions kept per token vector after projection (int8 each)."""
@@ -299,7 +299,7 @@ class TokenVectorIndex:
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[PreparedChunk]:
         """Quantize each chunk's token vectors (title + chunk text, as embedded); encode those not given."""
         chunks = [(d, c) for d in documents for c in d.chunks]
-        keys = [(d.id, f"{d.id}#{c.index}") for d, c in chunks]
+        keys = [(d.id, chunk_id(d.id, c.index)) for d, c in chunks]
         given = [c.tokens if isinstance(c.tokens, TokenVectors) else None for _, c in chunks]
         todo = [i for i, tokens in enumerate(given) if tokens is None]
         texts = [embedding_text(chunks[i][0].title, chunks[i][1].content) for i in todo]
@@ -308,12 +308,12 @@ class TokenVectorIndex:
         encoded = [t for t in given if t is not None]
         id_type = np.uint16 if self.encoder.vocabulary_size <= 1 << 16 else np.uint32
         prepared = []
-        for (document_id, chunk_id), tokens in zip(keys, encoded, strict=True):
+        for (document_id, key), tokens in zip(keys, encoded, strict=True):
             codes, scale = quantize(tokens.vectors)
             prepared.append(
                 PreparedChunk(
                     document_id,
-                    chunk_id,
+                    key,
                     tokens.token_ids.astype(id_type).tobytes(),
                     codes.tobytes(),
                     scale,

@@ -9,11 +9,11 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.stores.versioned import VersionedCache
-from iris_rag.techniques.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.techniques.colbert.index import ChunkTokens, TokenEncoder, TokenVectorIndex, used_count
 
 Floats = npt.NDArray[np.float32]

@@ -26,9 +26,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rapidfuzz import fuzz
 
-from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
+from iris_rag.text import split_sentences
 
 TextField = Literal["title", "content"]
 

@@ -61,6 +61,7 @@ from iris_rag.techniques.graphrag.storage import (
     NewRelation,
     RelationRow,
 )
+from iris_rag.text import chunk_id
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +79,6 @@ def _now() -> str:
 def text_hash(text: str) -> bytes:
     """The embedding cache's key for a text (as the ingestor computes it)."""
     return hashlib.sha256(text.encode("utf-8")).digest()[:16]
-
-
-def chunk_id_of(document_id: str, chunk_index: int) -> str:
-    """A chunk's id, as the store assigns it."""
-    return f"{document_id}#{chunk_index}"
 
 
 def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
@@ -221,7 +217,7 @@ class KnowledgeGraphIndex:
             graph = item.graph
             for mention in graph.mentions:
                 entity = ids[resolve.get(mention.key, mention.key)]
-                chunk = chunk_id_of(document.id, item.unit_chunks[mention.unit])
+                chunk = chunk_id(document.id, item.unit_chunks[mention.unit])
                 write.mentions.append(
                     MentionRow(entity, document.id, chunk, mention.field, mention.start, mention.end)
                 )
@@ -242,7 +238,7 @@ class KnowledgeGraphIndex:
                 weights[triple] += 1
                 relation_count += 1
                 unit = graph.units[relation.unit]
-                chunk = chunk_id_of(document.id, item.unit_chunks[relation.unit])
+                chunk = chunk_id(document.id, item.unit_chunks[relation.unit])
                 slot = evidence[triple].setdefault(chunk, [document.id, 0, unit.field, unit.start, unit.end])
                 slot[1] += 1
             for short, long in graph.aliases.items():

@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz, process
 
 from iris_rag.cancellation import check_cancelled
+from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
-from iris_rag.techniques.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.techniques.graphrag.extraction import GENERIC, STOPWORDS, RuleExtractor, entity_key
 from iris_rag.techniques.graphrag.index import EntityTable, KnowledgeGraphIndex
 from iris_rag.techniques.graphrag.storage import EntityRow, RelationRow

@@ -23,9 +23,9 @@ import orjson
 
 from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
-from iris_rag.ingestion.chunking import split_sentences
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.versioned import VersionedCache
+from iris_rag.text import split_sentences
 
 NodeKind = Literal["document", "section", "paragraph", "sentence"]
 Vectors = npt.NDArray[np.float32]

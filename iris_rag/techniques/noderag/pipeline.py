@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.llm import Produced, TechniqueLLM
+from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo, StoredChunk, StoredDocument
 from iris_rag.stores.filters import parse_filters
-from iris_rag.techniques.base import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.techniques.noderag.index import LeafMatrix, Node, NodeTreeIndex, Vectors, ancestors
 
 Aggregation = Literal["concatenate", "summarize", "weighted"]

@@ -24,12 +24,12 @@ from iris_rag.errors import (
     SqlRejectedError,
 )
 from iris_rag.generation import ExtractiveGenerator, Generation, Passage
+from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, StoredChunk
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
-from iris_rag.techniques.base import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.techniques.sqlrag.safety import (
     COMPLEXITY,
     MAX_SQL_CHARS,

@@ -177,7 +177,7 @@ def test_ingest_takes_dense_vectors_from_the_token_pass(service: RagService, mon
     """With rag_colbert served, each chunk goes through the model once; the dense vectors are the same."""
     import hashlib
 
-    from iris_rag.ingestion.ingestor import embedding_text
+    from iris_rag.text import embedding_text
 
     dense_calls: list[list[str]] = []
     encode = service.embedder.encode

@@ -15,7 +15,6 @@ from iris_rag.cancellation import check_cancelled
 from iris_rag.embedder import Embedder
 from iris_rag.errors import (
     CollectionNotFoundError,
-    EmbeddingMismatchError,
     GenerationFailedError,
     IndexNotBuiltError,
     InvalidParametersError,
@@ -25,7 +24,7 @@ from iris_rag.errors import (
 )
 from iris_rag.generation import Generation, Generator, Passage
 from iris_rag.settings import Settings
-from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk
+from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk, check_embedding_model
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
 
@@ -269,24 +268,6 @@ class Pipeline(ABC):
             raise CollectionNotFoundError(msg, {"collection_id": name, "known_collections": known})
         check_embedding_model(collection, self.context.settings.embedding_model)
         return collection
-
-
-def check_embedding_model(collection: CollectionInfo, model_name: str) -> None:
-    """Vectors from two models are not comparable: refuse rather than return nonsense."""
-    if collection.embedding_model != model_name:
-        msg = (
-            f"collection {collection.id!r} was built with embedding model {collection.embedding_model!r} "
-            f"({collection.dimension} dimensions) but the server is configured with {model_name!r}; "
-            "set EMBEDDING_MODEL to the collection's model or ingest into a new collection"
-        )
-        raise EmbeddingMismatchError(
-            msg,
-            {
-                "collection_model": collection.embedding_model,
-                "configured_model": model_name,
-                "collection_dimension": collection.dimension,
-            },
-        )
 
 
 def _ms(seconds: float) -> float:

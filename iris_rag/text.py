@@ -1,0 +1,76 @@
+"""Text processing shared by ingestion, retrieval and answers.
+
+Sentences, terms, the stemmer, stopwords, what is embedded for a chunk, and chunk ids: one home, so that
+every part splits and matches text alike.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import snowballstemmer
+
+# A sentence ends at . ! ? (optionally followed by a closing quote or bracket) before whitespace and an
+# uppercase letter, digit or opening quote/bracket; blank lines always end one. Abbreviations such as
+# "e.g." followed by a lowercase word are therefore not split.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[A-Z0-9\"'(\[])|\n\s*\n")
+_TERM = re.compile(r"\w+", re.UNICODE)
+_PORTER = snowballstemmer.stemmer("porter")
+# Function words carry no evidence and make every OR query scan most of the index.
+STOPWORDS = frozenset(
+    (
+        "a an and are as at be been being but by can could did do does for from had has have how i if in "
+        "into is it its of on or our so such than that the their them then there these they this those to "
+        "was we were what when where which while who whom why will with would you your"
+    ).split()
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A piece of a document's text with its character offsets."""
+
+    text: str
+    start: int
+    end: int
+
+
+def split_sentences(text: str) -> list[Span]:
+    """Split text into sentences with their offsets; whitespace between them is dropped."""
+    spans: list[Span] = []
+    position = 0
+    for match in _SENTENCE_END.finditer(text):
+        _append_stripped(spans, text, position, match.start())
+        position = match.end()
+    _append_stripped(spans, text, position, len(text))
+    return spans
+
+
+def _append_stripped(spans: list[Span], text: str, start: int, end: int) -> None:
+    piece = text[start:end]
+    stripped = piece.strip()
+    if stripped:
+        offset = start + (len(piece) - len(piece.lstrip()))
+        spans.append(Span(stripped, offset, offset + len(stripped)))
+
+
+def query_terms(text: str) -> list[str]:
+    """The distinct lowercase terms of a text, stopwords removed, in order."""
+    terms = [t for t in _TERM.findall(text.lower()) if t not in STOPWORDS]
+    return list(dict.fromkeys(terms))
+
+
+def stem(term: str) -> str:
+    """The Porter stem, as FTS5's porter tokenizer stores the term."""
+    return str(_PORTER.stemWord(term))
+
+
+def embedding_text(title: str, chunk: str) -> str:
+    """What is embedded for a chunk: its document's title gives it context (as BEIR encodes title + text)."""
+    return f"{title}\n{chunk}" if title else chunk
+
+
+def chunk_id(document_id: str, index: int) -> str:
+    """The id of a document's index-th chunk, the same in every store and technique."""
+    return f"{document_id}#{index}"
