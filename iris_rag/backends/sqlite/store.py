@@ -379,14 +379,18 @@ class SqliteStore:
         """The SQLite implementation of a technique's storage contract, made once per store."""
         with self._connections_lock:
             storage = self._technique_storage.get(contract)
-            if storage is None:
-                from iris_rag.backends.sqlite import TECHNIQUE_STORAGE
+        if storage is None:
+            from iris_rag.backends.sqlite import TECHNIQUE_STORAGE
 
-                factory = TECHNIQUE_STORAGE.get(contract)
-                if factory is None:
-                    msg = f"the sqlite backend has no storage for {contract.__name__}"
-                    raise NotImplementedError(msg)
-                storage = self._technique_storage[contract] = factory(self)
+            factory = TECHNIQUE_STORAGE.get(contract)
+            if factory is None:
+                msg = f"the sqlite backend has no storage for {contract.__name__}"
+                raise NotImplementedError(msg)
+            # Made outside the lock: making one opens a connection and takes the write lock (for its
+            # tables), which take locks of their own. Two threads may both make one; the first is kept.
+            made = factory(self)
+            with self._connections_lock:
+                storage = self._technique_storage.setdefault(contract, made)
         return cast(T, storage)
 
     def connection(self) -> sqlite3.Connection:
