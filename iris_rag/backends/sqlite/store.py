@@ -382,14 +382,18 @@ class SqliteStore:
         """The SQLite implementation of a technique's storage contract, made once per store."""
         with self._connections_lock:
             storage = self._technique_storage.get(contract)
-            if storage is None:
-                from iris_rag.backends.sqlite import TECHNIQUE_STORAGE
+        if storage is None:
+            from iris_rag.backends.sqlite import TECHNIQUE_STORAGE
 
-                factory = TECHNIQUE_STORAGE.get(contract)
-                if factory is None:
-                    msg = f"the sqlite backend has no storage for {contract.__name__}"
-                    raise NotImplementedError(msg)
-                storage = self._technique_storage[contract] = factory(self)
+            factory = TECHNIQUE_STORAGE.get(contract)
+            if factory is None:
+                msg = f"the sqlite backend has no storage for {contract.__name__}"
+                raise NotImplementedError(msg)
+            # Made outside the lock: making one opens a connection and takes the write lock (for its
+            # tables), which take locks of their own. Two threads may both make one; the first is kept.
+            made = factory(self)
+            with self._connections_lock:
+                storage = self._technique_storage.setdefault(contract, made)
         return cast(T, storage)
 
     def connection(self) -> sqlite3.Connection:
@@ -1015,6 +1019,6 @@ def _chunk(row: sqlite3.Row) -> StoredChunk:
 
 
 def sqlite_connection(store: object) -> sqlite3.Connection:
-    """TRANSITIONAL: a store's SQLite connection, for technique code not yet behind its storage contract."""
-    assert isinstance(store, SqliteStore), "this technique runs on the SQLite backend only so far"
+    """The calling thread's connection of a store known to be SQLite (tests inspect its tables with it)."""
+    assert isinstance(store, SqliteStore), "not a SQLite store"
     return store.connection()

@@ -13,22 +13,23 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sqlite3
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-import orjson
 
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.versioned import VersionedCache
+from iris_rag.techniques.noderag.storage import (
+    DocumentTree,
+    LeafMatrix,
+    Node,
+    NodeKind,
+    NodeTreeStorage,
+    Vectors,
+)
 from iris_rag.text import split_sentences
-
-NodeKind = Literal["document", "section", "paragraph", "sentence"]
-Vectors = npt.NDArray[np.float32]
 
 # A sentence longer than this is cut at whitespace: the encoder reads at most 256 word pieces anyway.
 MAX_SENTENCE_CHARS = 1000
@@ -38,30 +39,6 @@ ENCODE_BATCH = 1024
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-
-
-@dataclass(slots=True)
-class Node:
-    """One node of a document's tree; `node_id` is its place in pre-order (the document is 0)."""
-
-    node_id: int
-    kind: NodeKind
-    level: int
-    start: int
-    end: int
-    label: str = ""
-    heading_level: int = 0
-    parent_id: int | None = None
-    children: list[int] = field(default_factory=list)
-    prev_id: int | None = None
-    next_id: int | None = None
-    position: int = 0
-    key_sentence_id: int | None = None
-    code: bool = False
-
-    def text(self, content: str) -> str:
-        """The node's text in the document."""
-        return content[self.start : self.end]
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,75 +281,22 @@ def choose_key_sentences(nodes: list[Node], vectors: Vectors) -> None:
         node.key_sentence_id = leaf_ids[rows[int(np.argmax(vectors[rows] @ centroid))]]
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedTree:
-    """What write() stores for one document: its nodes and the vectors of its leaves, in node order."""
-
-    document_id: str
-    nodes: list[Node]
-    vectors: Vectors
-
-
-@dataclass(frozen=True)
-class LeafMatrix:
-    """A collection's leaf vectors as one matrix, reloaded when the collection's data version moves on."""
-
-    document_ids: list[str]
-    node_ids: npt.NDArray[np.int64]
-    parent_ids: npt.NDArray[np.int64]
-    matrix: Vectors
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS node_tree_documents (
-    collection_id TEXT NOT NULL,
-    document_id   TEXT NOT NULL,
-    nodes         INTEGER NOT NULL,
-    leaves        INTEGER NOT NULL,
-    depth         INTEGER NOT NULL,
-    PRIMARY KEY (collection_id, document_id)
-);
-CREATE TABLE IF NOT EXISTS node_tree_nodes (
-    collection_id   TEXT NOT NULL,
-    document_id     TEXT NOT NULL,
-    node_id         INTEGER NOT NULL,
-    kind            TEXT NOT NULL,
-    level           INTEGER NOT NULL,
-    heading_level   INTEGER NOT NULL,
-    label           TEXT NOT NULL,
-    parent_id       INTEGER,
-    children        TEXT NOT NULL,
-    prev_id         INTEGER,
-    next_id         INTEGER,
-    position        INTEGER NOT NULL,
-    start_char      INTEGER NOT NULL,
-    end_char        INTEGER NOT NULL,
-    key_sentence_id INTEGER,
-    code            INTEGER NOT NULL,
-    embedding       BLOB,
-    PRIMARY KEY (collection_id, document_id, node_id)
-);
-"""
-
-
 class NodeTreeIndex:
     """The TechniqueIndex of rag_noderag: node rows and leaf vectors next to the documents."""
 
     name = "node_tree"
 
-    def __init__(self, embedder: Embedder, store: DocumentStore | None, model_name: str) -> None:
+    def __init__(self, embedder: Embedder, store: DocumentStore, model_name: str) -> None:
         self.embedder = embedder
         self.store = store
         self.model_name = model_name
+        # Obtained now, outside any transaction: making it creates the backend's tables. (mypy refuses a
+        # Protocol for type[T], python/mypy#4717, though only its implementation is ever made.)
+        self.storage = store.technique_storage(NodeTreeStorage)  # type: ignore[type-abstract]
         self._matrices: VersionedCache[LeafMatrix] = VersionedCache()
 
     # The TechniqueIndex protocol
-    def create_tables(self) -> None:
-        """Create the node tables if absent."""
-        connection = sqlite_connection(self.store)
-        connection.executescript(_SCHEMA)
-
-    def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[PreparedTree]:
+    def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[DocumentTree]:
         """Build every document's tree and embed its leaves in batches (outside the transaction)."""
         trees = [build_tree(d.content, d.title) for d in documents]
         texts = [leaf_texts(d.title, d.content, nodes) for d, nodes in zip(documents, trees, strict=True)]
@@ -383,160 +307,56 @@ class NodeTreeIndex:
             doc_vectors = vectors[row : row + len(doc_texts)]
             row += len(doc_texts)
             choose_key_sentences(nodes, doc_vectors)
-            prepared.append(PreparedTree(document.id, nodes, doc_vectors))
+            prepared.append(DocumentTree(document.id, nodes, doc_vectors))
         return prepared
 
     def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
-        """Insert the prepared nodes (inside the ingest transaction, after the documents' chunks)."""
-        connection = sqlite_connection(self.store)
-        for tree in prepared:
-            rows = []
-            leaf = 0
-            for node in tree.nodes:
-                vector = None
-                if node.kind == "sentence":
-                    vector = np.ascontiguousarray(tree.vectors[leaf], dtype=np.float32).tobytes()
-                    leaf += 1
-                rows.append(
-                    (
-                        collection_id,
-                        tree.document_id,
-                        node.node_id,
-                        node.kind,
-                        node.level,
-                        node.heading_level,
-                        node.label,
-                        node.parent_id,
-                        orjson.dumps(node.children).decode(),
-                        node.prev_id,
-                        node.next_id,
-                        node.position,
-                        node.start,
-                        node.end,
-                        node.key_sentence_id,
-                        int(node.code),
-                        vector,
-                    )
-                )
-            connection.executemany(f"INSERT INTO node_tree_nodes VALUES ({','.join('?' * 17)})", rows)
-            connection.execute(
-                "INSERT INTO node_tree_documents VALUES (?, ?, ?, ?, ?)",
-                (collection_id, tree.document_id, len(tree.nodes), leaf, max(n.level for n in tree.nodes)),
-            )
+        """Store the prepared trees (inside the ingest transaction, after the documents' chunks)."""
+        self.storage.write_trees(collection_id, prepared)
 
     def delete(self, collection_id: str, document_id: str) -> None:
-        """Remove a document's nodes (inside the replace or delete transaction)."""
-        connection = sqlite_connection(self.store)
-        for table in ("node_tree_nodes", "node_tree_documents"):
-            connection.execute(
-                f"DELETE FROM {table} WHERE collection_id = ? AND document_id = ?",
-                (collection_id, document_id),
-            )
+        """Remove a document's tree (inside the replace or delete transaction)."""
+        self.storage.delete_document(collection_id, document_id)
 
     def stats(self) -> dict[str, Any]:
         """Document, node and leaf counts, and the leaf matrices loaded in memory."""
-        connection = sqlite_connection(self.store)
-        row = connection.execute(
-            "SELECT COUNT(*), COALESCE(SUM(nodes), 0), COALESCE(SUM(leaves), 0) FROM node_tree_documents"
-        ).fetchone()
+        totals = self.storage.totals()
         matrices = self._matrices.snapshot()  # never waits for a matrix being loaded
         loaded = {cid: len(m.document_ids) for cid, m in matrices.items()}
         memory = sum(m.matrix.nbytes for m in matrices.values())
         return {
-            "documents": row[0],
-            "nodes": row[1],
-            "leaves": row[2],
+            "documents": totals.documents,
+            "nodes": totals.nodes,
+            "leaves": totals.leaves,
             "leaf_matrices_loaded": loaded,
             "leaf_memory_bytes": memory,
         }
 
     def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents have their node tree."""
-        connection = sqlite_connection(self.store)
-        row = connection.execute(
-            "SELECT COUNT(*) FROM node_tree_documents WHERE collection_id = ?", (collection_id,)
-        ).fetchone()
-        return int(row[0])
+        return self.storage.indexed_documents(collection_id)
 
     # Embedding
     def embed(self, texts: list[str]) -> Vectors:
         """Vectors for leaf texts, in batches; the store's embedding cache spares a reindex the work."""
         hashes = [hashlib.sha256(text.encode("utf-8")).digest()[:16] for text in texts]
-        cached = self.store.cached_embeddings(self.model_name, list(set(hashes))) if self.store else {}
+        cached = self.store.cached_embeddings(self.model_name, list(set(hashes)))
         missing = list({h: t for h, t in zip(hashes, texts, strict=True) if h not in cached}.items())
         for start in range(0, len(missing), ENCODE_BATCH):
             batch = missing[start : start + ENCODE_BATCH]
             fresh = self.embedder.encode([text for _, text in batch], bulk=True)
             items = [(h, fresh[i]) for i, (h, _) in enumerate(batch)]
-            if self.store is not None:
-                self.store.cache_embeddings(self.model_name, items)
+            self.store.cache_embeddings(self.model_name, items)
             cached.update(items)
         if not hashes:
             return np.zeros((0, self.embedder.dimension), dtype=np.float32)
         return np.stack([cached[h] for h in hashes]).astype(np.float32, copy=False)
 
     # Reading
-    def leaf_matrix(self, connection: sqlite3.Connection, collection_id: str, version: int) -> LeafMatrix:
+    def leaf_matrix(self, collection_id: str, version: int) -> LeafMatrix:
         """The collection's leaf vectors, loaded once per data version (read before this call)."""
+        return self._matrices.get(collection_id, version, lambda: self.storage.leaves(collection_id))
 
-        def load() -> LeafMatrix:
-            rows = connection.execute(
-                "SELECT document_id, node_id, parent_id, embedding FROM node_tree_nodes "
-                "WHERE collection_id = ? AND embedding IS NOT NULL ORDER BY rowid",
-                (collection_id,),
-            ).fetchall()
-            vectors = (
-                np.frombuffer(b"".join(row[3] for row in rows), dtype=np.float32).reshape(len(rows), -1)
-                if rows
-                else np.zeros((0, 0), dtype=np.float32)
-            )
-            return LeafMatrix(
-                [row[0] for row in rows],
-                np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows)),
-                np.fromiter((row[2] for row in rows), dtype=np.int64, count=len(rows)),
-                vectors,
-            )
-
-        return self._matrices.get(collection_id, version, load)
-
-    def document_trees(
-        self, connection: sqlite3.Connection, collection_id: str, document_ids: list[str]
-    ) -> dict[str, tuple[list[Node], Vectors]]:
+    def document_trees(self, collection_id: str, document_ids: list[str]) -> dict[str, DocumentTree]:
         """The stored trees (nodes in pre-order, leaf vectors in node order) of the given documents."""
-        trees: dict[str, tuple[list[Node], list[bytes]]] = {}
-        unique = list(dict.fromkeys(document_ids))
-        for start in range(0, len(unique), 500):
-            batch = unique[start : start + 500]
-            rows = connection.execute(
-                f"""SELECT * FROM node_tree_nodes WHERE collection_id = ?
-                    AND document_id IN ({",".join("?" * len(batch))}) ORDER BY document_id, node_id""",
-                (collection_id, *batch),
-            ).fetchall()
-            for row in rows:
-                nodes, blobs = trees.setdefault(row[1], ([], []))
-                nodes.append(_node(row))
-                if row[16] is not None:
-                    blobs.append(row[16])
-        return {
-            doc: (nodes, np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1))
-            for doc, (nodes, blobs) in trees.items()
-        }
-
-
-def _node(row: sqlite3.Row | tuple[Any, ...]) -> Node:
-    return Node(
-        node_id=row[2],
-        kind=row[3],
-        level=row[4],
-        heading_level=row[5],
-        label=row[6],
-        parent_id=row[7],
-        children=orjson.loads(row[8]),
-        prev_id=row[9],
-        next_id=row[10],
-        position=row[11],
-        start=row[12],
-        end=row[13],
-        key_sentence_id=row[14],
-        code=bool(row[15]),
-    )
+        return self.storage.document_trees(collection_id, document_ids)

@@ -17,12 +17,12 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.llm import Produced, TechniqueLLM
 from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo, StoredChunk, StoredDocument
 from iris_rag.stores.filters import parse_filters
-from iris_rag.techniques.noderag.index import LeafMatrix, Node, NodeTreeIndex, Vectors, ancestors
+from iris_rag.techniques.noderag.index import NodeTreeIndex, ancestors
+from iris_rag.techniques.noderag.storage import LeafMatrix, Node, Vectors
 
 Aggregation = Literal["concatenate", "summarize", "weighted"]
 
@@ -120,8 +120,7 @@ class NodeRagPipeline(Pipeline):
         """Rank leaf nodes, group matches by paragraph, assemble each group's context up the tree."""
         self.require_index(collection)
         store = self.context.store
-        connection = sqlite_connection(store)
-        leaves = self._index.leaf_matrix(connection, collection.id, collection.version)
+        leaves = self._index.leaf_matrix(collection.id, collection.version)
         query_vector = self.context.embedder.encode_query(query)
         scores = leaves.matrix @ query_vector if leaves.document_ids else np.zeros(0, dtype=np.float32)
         metadata_filter = parse_filters(options.filters)
@@ -177,14 +176,15 @@ class NodeRagPipeline(Pipeline):
 
     def _trees(self, collection_id: str, document_ids: list[str]) -> dict[str, _Tree]:
         store = self.context.store
-        stored = self._index.document_trees(sqlite_connection(store), collection_id, document_ids)
+        stored = self._index.document_trees(collection_id, document_ids)
         trees = {}
-        for document_id, (nodes, vectors) in stored.items():
+        for document_id, tree in stored.items():
             document = store.get_document(collection_id, document_id)
             if document is None:
                 continue  # deleted since the leaf matrix was read
-            leaf_ids = [n.node_id for n in nodes if n.kind == "sentence"]
-            trees[document_id] = _Tree(document, nodes, vectors, {n: row for row, n in enumerate(leaf_ids)})
+            leaf_ids = [n.node_id for n in tree.nodes if n.kind == "sentence"]
+            row_of = {n: row for row, n in enumerate(leaf_ids)}
+            trees[document_id] = _Tree(document, tree.nodes, tree.vectors, row_of)
         return trees
 
     def _assemble(

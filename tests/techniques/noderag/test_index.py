@@ -6,12 +6,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from iris_rag.backends.sqlite.store import SqliteStore, sqlite_connection
+from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.service import RagService
 from iris_rag.stores.base import DocumentInput
 from iris_rag.techniques.noderag.index import (
     MAX_SENTENCE_CHARS,
-    Node,
     NodeTreeIndex,
     ancestors,
     build_tree,
@@ -19,6 +18,7 @@ from iris_rag.techniques.noderag.index import (
     leaf_texts,
     subtree_end,
 )
+from iris_rag.techniques.noderag.storage import Node
 
 MARKDOWN = """Aspirin is an old drug. It came from willow bark.
 
@@ -151,7 +151,7 @@ def test_key_sentence_is_the_leaf_nearest_the_centroid() -> None:
 
 
 def _rows(store: SqliteStore, collection: str = "docs") -> dict[str, tuple[int, int]]:
-    connection: sqlite3.Connection = sqlite_connection(store)
+    connection: sqlite3.Connection = store.connection()
     return {
         row[0]: (row[1], row[2])
         for row in connection.execute(
@@ -180,23 +180,23 @@ def test_index_follows_ingest_replace_and_delete(service: RagService) -> None:
     assert index.indexed_documents("docs") == 2
     collection = store.get_collection("docs")
     assert collection is not None
-    matrix = index.leaf_matrix(sqlite_connection(store), "docs", collection.version)
+    matrix = index.leaf_matrix("docs", collection.version)
     assert matrix.matrix.shape == (13, 384) and sorted(set(matrix.document_ids)) == ["md", "plain"]
-    stored = index.document_trees(sqlite_connection(store), "docs", ["md"])["md"]
-    assert shape(stored[0], MARKDOWN) == shape(build_tree(MARKDOWN, "Aspirin"), MARKDOWN)
-    assert stored[0][5].children == [6, 9, 11] and stored[0][9].prev_id == 6
-    assert stored[1].shape == (8, 384)
+    stored = index.document_trees("docs", ["md"])["md"]
+    assert shape(stored.nodes, MARKDOWN) == shape(build_tree(MARKDOWN, "Aspirin"), MARKDOWN)
+    assert stored.nodes[5].children == [6, 9, 11] and stored.nodes[9].prev_id == 6
+    assert stored.vectors.shape == (8, 384)
 
     service.ingest({"collection_id": "docs", "documents": [{"id": "plain", "content": "Only one sentence."}]})
     assert _rows(store) == {"md": (19, 8), "plain": (4, 1)}, "replacing a document replaces its nodes"
     collection = store.get_collection("docs")
     assert collection is not None
-    refreshed = index.leaf_matrix(sqlite_connection(store), "docs", collection.version)
+    refreshed = index.leaf_matrix("docs", collection.version)
     assert refreshed is not matrix and refreshed.matrix.shape == (9, 384)
 
     assert store.delete_document("docs", "md")
     assert _rows(store) == {"plain": (4, 1)}
-    assert sqlite_connection(store).execute("SELECT COUNT(*) FROM node_tree_nodes").fetchone()[0] == 4
+    assert store.connection().execute("SELECT COUNT(*) FROM node_tree_nodes").fetchone()[0] == 4
     assert index.indexed_documents("docs") == 1
     stats = store.stats()["technique_indexes"]["node_tree"]
     assert (stats["documents"], stats["nodes"], stats["leaves"]) == (1, 4, 1)
@@ -206,7 +206,9 @@ def test_reindex_reuses_cached_leaf_vectors(service: RagService) -> None:
     service.ingest(
         {"collection_id": "docs", "documents": [{"id": "md", "title": "Aspirin", "content": MARKDOWN}]}
     )
-    connection = sqlite_connection(service.store)
+    store = service.store
+    assert isinstance(store, SqliteStore)
+    connection = store.connection()
     cached = connection.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
     before = connection.execute("SELECT embedding FROM node_tree_nodes WHERE node_id = 15").fetchone()[0]
     summary = service.reindex("docs")

@@ -1,0 +1,204 @@
+"""NodeTreeStorage on SQLite: one row per tree node (leaves carry their vector as a float32 blob)."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import numpy as np
+import orjson
+
+from iris_rag.backends.sqlite.store import SqliteStore
+from iris_rag.techniques.noderag.storage import DocumentTree, LeafMatrix, Node, NodeTreeTotals
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS node_tree_documents (
+    collection_id TEXT NOT NULL,
+    document_id   TEXT NOT NULL,
+    nodes         INTEGER NOT NULL,
+    leaves        INTEGER NOT NULL,
+    depth         INTEGER NOT NULL,
+    PRIMARY KEY (collection_id, document_id)
+)""",
+    """CREATE TABLE IF NOT EXISTS node_tree_nodes (
+    collection_id   TEXT NOT NULL,
+    document_id     TEXT NOT NULL,
+    node_id         INTEGER NOT NULL,
+    kind            TEXT NOT NULL,
+    level           INTEGER NOT NULL,
+    heading_level   INTEGER NOT NULL,
+    label           TEXT NOT NULL,
+    parent_id       INTEGER,
+    children        TEXT NOT NULL,
+    prev_id         INTEGER,
+    next_id         INTEGER,
+    position        INTEGER NOT NULL,
+    start_char      INTEGER NOT NULL,
+    end_char        INTEGER NOT NULL,
+    key_sentence_id INTEGER,
+    code            INTEGER NOT NULL,
+    embedding       BLOB,
+    PRIMARY KEY (collection_id, document_id, node_id)
+)""",
+)
+
+# Documents read per query by document_trees: SQLite caps the parameters of one statement.
+_READ_BATCH = 500
+
+
+class SqliteNodeTreeStorage:
+    """The node_tree_documents and node_tree_nodes tables, through the store's per-thread connection."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        connection = store.connection()
+        if connection.in_transaction:
+            # Made inside a write transaction (whose thread holds the write lock): the tables join it.
+            _create_tables(connection)
+            return
+        with store._write_lock:  # the store's own writer lock (this backend's): one writer per process
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                _create_tables(connection)
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+
+    def write_trees(self, collection_id: str, trees: list[DocumentTree]) -> None:
+        """Insert the trees' node rows and one summary row per document."""
+        connection = self.store.connection()
+        for tree in trees:
+            rows = []
+            leaf = 0
+            for node in tree.nodes:
+                vector = None
+                if node.kind == "sentence":
+                    vector = np.ascontiguousarray(tree.vectors[leaf], dtype=np.float32).tobytes()
+                    leaf += 1
+                rows.append(
+                    (
+                        collection_id,
+                        tree.document_id,
+                        node.node_id,
+                        node.kind,
+                        node.level,
+                        node.heading_level,
+                        node.label,
+                        node.parent_id,
+                        orjson.dumps(node.children).decode(),
+                        node.prev_id,
+                        node.next_id,
+                        node.position,
+                        node.start,
+                        node.end,
+                        node.key_sentence_id,
+                        int(node.code),
+                        vector,
+                    )
+                )
+            connection.executemany(f"INSERT INTO node_tree_nodes VALUES ({','.join('?' * 17)})", rows)
+            connection.execute(
+                "INSERT INTO node_tree_documents VALUES (?, ?, ?, ?, ?)",
+                (collection_id, tree.document_id, len(tree.nodes), leaf, max(n.level for n in tree.nodes)),
+            )
+
+    def delete_document(self, collection_id: str, document_id: str) -> None:
+        """Delete the document's node rows and its summary row."""
+        connection = self.store.connection()
+        for table in ("node_tree_nodes", "node_tree_documents"):
+            connection.execute(
+                f"DELETE FROM {table} WHERE collection_id = ? AND document_id = ?",
+                (collection_id, document_id),
+            )
+
+    def leaves(self, collection_id: str) -> LeafMatrix:
+        """The leaf rows in rowid (insertion) order, their blobs joined into one matrix."""
+        rows = (
+            self.store.connection()
+            .execute(
+                "SELECT document_id, node_id, parent_id, embedding FROM node_tree_nodes "
+                "WHERE collection_id = ? AND embedding IS NOT NULL ORDER BY rowid",
+                (collection_id,),
+            )
+            .fetchall()
+        )
+        vectors = (
+            np.frombuffer(b"".join(row[3] for row in rows), dtype=np.float32).reshape(len(rows), -1)
+            if rows
+            else np.zeros((0, 0), dtype=np.float32)
+        )
+        return LeafMatrix(
+            [row[0] for row in rows],
+            np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows)),
+            np.fromiter((row[2] for row in rows), dtype=np.int64, count=len(rows)),
+            vectors,
+        )
+
+    def document_trees(self, collection_id: str, document_ids: list[str]) -> dict[str, DocumentTree]:
+        """The documents' node rows in node order, a few hundred documents per query."""
+        connection = self.store.connection()
+        found: dict[str, tuple[list[Node], list[bytes]]] = {}
+        unique = list(dict.fromkeys(document_ids))
+        for start in range(0, len(unique), _READ_BATCH):
+            batch = unique[start : start + _READ_BATCH]
+            rows = connection.execute(
+                f"""SELECT * FROM node_tree_nodes WHERE collection_id = ?
+                    AND document_id IN ({",".join("?" * len(batch))}) ORDER BY document_id, node_id""",
+                (collection_id, *batch),
+            ).fetchall()
+            for row in rows:
+                nodes, blobs = found.setdefault(row[1], ([], []))
+                nodes.append(_node(row))
+                if row[16] is not None:
+                    blobs.append(row[16])
+        return {
+            doc: DocumentTree(
+                doc, nodes, np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
+            )
+            for doc, (nodes, blobs) in found.items()
+        }
+
+    def indexed_documents(self, collection_id: str) -> int:
+        """The collection's summary rows."""
+        row = (
+            self.store.connection()
+            .execute("SELECT COUNT(*) FROM node_tree_documents WHERE collection_id = ?", (collection_id,))
+            .fetchone()
+        )
+        return int(row[0])
+
+    def totals(self) -> NodeTreeTotals:
+        """Sums over the summary rows."""
+        row = (
+            self.store.connection()
+            .execute(
+                "SELECT COUNT(*), COALESCE(SUM(nodes), 0), COALESCE(SUM(leaves), 0) FROM node_tree_documents"
+            )
+            .fetchone()
+        )
+        return NodeTreeTotals(int(row[0]), int(row[1]), int(row[2]))
+
+
+def _create_tables(connection: sqlite3.Connection) -> None:
+    for statement in _SCHEMA:
+        connection.execute(statement)
+
+
+def _node(row: sqlite3.Row | tuple[Any, ...]) -> Node:
+    return Node(
+        node_id=row[2],
+        kind=row[3],
+        level=row[4],
+        heading_level=row[5],
+        label=row[6],
+        parent_id=row[7],
+        children=orjson.loads(row[8]),
+        prev_id=row[9],
+        next_id=row[10],
+        position=row[11],
+        start=row[12],
+        end=row[13],
+        key_sentence_id=row[14],
+        code=bool(row[15]),
+    )
