@@ -292,7 +292,7 @@ class NodeTreeIndex:
         self.model_name = model_name
         # Obtained now, outside any transaction: making it creates the backend's tables. (mypy refuses a
         # Protocol for type[T], python/mypy#4717, though only its implementation is ever made.)
-        self.storage = store.technique_storage(NodeTreeStorage)  # type: ignore[type-abstract]
+        self.storage = store.technique_storage(NodeTreeStorage)
         self._matrices: VersionedCache[LeafMatrix] = VersionedCache()
 
     # The TechniqueIndex protocol
