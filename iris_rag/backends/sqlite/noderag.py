@@ -51,19 +51,8 @@ class SqliteNodeTreeStorage:
 
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
-        connection = store.connection()
-        if connection.in_transaction:
-            # Made inside a write transaction (whose thread holds the write lock): the tables join it.
+        with store.write_transaction() as connection:  # joins one already open on this thread
             _create_tables(connection)
-            return
-        with store._write_lock:  # the store's own writer lock (this backend's): one writer per process
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                _create_tables(connection)
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
 
     def write_trees(self, collection_id: str, trees: list[DocumentTree]) -> None:
         """Insert the trees' node rows and one summary row per document."""

@@ -117,15 +117,9 @@ class SqliteStructuredTables:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """BEGIN IMMEDIATE on the calling thread's connection; COMMIT, or ROLLBACK on any exception."""
-        connection = self.store.connection()
-        connection.execute("BEGIN IMMEDIATE")
-        try:
+        """The store's write transaction (under its writer lock): COMMIT, or ROLLBACK on any exception."""
+        with self.store.write_transaction():
             yield
-            connection.execute("COMMIT")
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
 
     # The registry
     def list_tables(self) -> list[TableInfo]:

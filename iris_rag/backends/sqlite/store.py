@@ -447,15 +447,8 @@ class SqliteStore:
 
     def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
         """Create the collection if absent and return it."""
-        with self._write_lock:
-            connection = self._connection()
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                self._insert_collection(connection, collection_id, embedding_model, dimension)
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
+        with self.write_transaction() as connection:
+            self._insert_collection(connection, collection_id, embedding_model, dimension)
         info = self.get_collection(collection_id)
         assert info is not None
         return info
@@ -494,10 +487,8 @@ class SqliteStore:
         """
         now = _now()
         written = 0
-        with self._write_lock:
-            connection = self._connection()
-            connection.execute("BEGIN IMMEDIATE")
-            try:
+        try:
+            with self.write_transaction() as connection:
                 if new_collection is not None:
                     model, dimension = new_collection.embedding_model, new_collection.dimension
                     self._insert_collection(connection, collection_id, model, dimension)
@@ -528,12 +519,8 @@ class SqliteStore:
                         index.write(collection_id, documents, prepared[index.name])
                 connection.execute("UPDATE collections SET updated_at = ? WHERE id = ?", (now, collection_id))
                 check_cancelled()
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
-            finally:
-                self._invalidate(collection_id)
+        finally:
+            self._invalidate(collection_id)
         return written
 
     def _insert_chunk(
@@ -590,21 +577,15 @@ class SqliteStore:
 
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document and its chunks; False if it was absent."""
-        with self._write_lock:
-            connection = self._connection()
-            connection.execute("BEGIN IMMEDIATE")
-            try:
+        try:
+            with self.write_transaction() as connection:
                 self._ensure_keyword_tables(connection, collection_id)
                 deleted = self._delete_document_rows(connection, collection_id, document_id)
                 connection.execute(
                     "UPDATE collections SET updated_at = ? WHERE id = ?", (_now(), collection_id)
                 )
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
-            finally:
-                self._invalidate(collection_id)
+        finally:
+            self._invalidate(collection_id)
         return deleted > 0
 
     def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
