@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from iris_rag.errors import GenerationFailedError
+from iris_rag.llm import openai_client
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 from iris_rag.text import query_terms, split_sentences, stem
@@ -121,17 +122,9 @@ class OpenAIGenerator:
     """Chat completion against any OpenAI-compatible server (LLM_BASE_URL)."""
 
     def __init__(self, settings: Settings) -> None:
-        from openai import OpenAI
-
         self.model_name = settings.llm_model
         self._secrets = settings.llm_secrets
-        api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
-        self._client = OpenAI(
-            api_key=api_key,
-            base_url=settings.llm_base_url,
-            timeout=settings.llm_timeout_s,
-            max_retries=settings.llm_max_retries,
-        )
+        self._client = openai_client(settings)
 
     def generate(
         self, query: str, passages: list[Passage], *, temperature: float, max_tokens: int

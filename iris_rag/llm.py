@@ -13,11 +13,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
+
+if TYPE_CHECKING:
+    from openai import OpenAI
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,22 @@ class Produced:
         return {"source": self.source, **({"llm_error": self.error} if self.error else {})}
 
 
+def openai_client(settings: Settings) -> OpenAI:
+    """The one OpenAI-compatible client every LLM user builds (answers, technique prompts, SQL, extraction).
+
+    LLM_BASE_URL, LLM_API_KEY, LLM_TIMEOUT_S and LLM_MAX_RETRIES apply to every call alike.
+    """
+    from openai import OpenAI
+
+    api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
+    return OpenAI(
+        api_key=api_key,
+        base_url=settings.llm_base_url,
+        timeout=settings.llm_timeout_s,
+        max_retries=settings.llm_max_retries,
+    )
+
+
 class TechniqueLLM:
     """The configured OpenAI-compatible server, for a technique's own prompts; absent without LLM_PROVIDER."""
 
@@ -43,16 +62,8 @@ class TechniqueLLM:
         self._client: Any = None
         self._secrets = settings.llm_secrets
         if settings.llm_provider == "openai":
-            from openai import OpenAI
-
-            api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
             self.model_name = settings.llm_model
-            self._client = OpenAI(
-                api_key=api_key,
-                base_url=settings.llm_base_url,
-                timeout=settings.llm_timeout_s,
-                max_retries=settings.llm_max_retries,
-            )
+            self._client = openai_client(settings)
 
     @property
     def available(self) -> bool:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rapidfuzz import fuzz
 
+from iris_rag.llm import openai_client
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 from iris_rag.text import split_sentences
@@ -702,17 +703,9 @@ class ChatClient:
     """Technique-internal calls to the configured OpenAI-compatible server (as the generator makes them)."""
 
     def __init__(self, settings: Settings) -> None:
-        from openai import OpenAI
-
         self.model_name = settings.llm_model
         self._secrets = settings.llm_secrets
-        api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
-        self._client = OpenAI(
-            api_key=api_key,
-            base_url=settings.llm_base_url,
-            timeout=settings.llm_timeout_s,
-            max_retries=settings.llm_max_retries,
-        )
+        self._client = openai_client(settings)
 
     def complete(self, system: str, user: str, *, max_tokens: int = 1024) -> str:
         """One chat completion at temperature 0; raises ExtractionFailedError on any failure."""

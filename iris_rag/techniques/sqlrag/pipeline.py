@@ -24,6 +24,7 @@ from iris_rag.errors import (
     SqlRejectedError,
 )
 from iris_rag.generation import ExtractiveGenerator, Generation, Passage
+from iris_rag.llm import openai_client
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
@@ -105,17 +106,9 @@ class SqlWriter:
     """Asks the configured OpenAI-compatible LLM for one SELECT (a technique-internal call)."""
 
     def __init__(self, settings: Settings) -> None:
-        from openai import OpenAI
-
         self.model = settings.llm_model
         self.secrets = settings.llm_secrets
-        api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
-        self._client = OpenAI(
-            api_key=api_key,
-            base_url=settings.llm_base_url,
-            timeout=settings.llm_timeout_s,
-            max_retries=settings.llm_max_retries,
-        )
+        self._client = openai_client(settings)
 
     def write(
         self, question: str, schema: str, complexity: Complexity, rejected: list[dict[str, Any]]
