@@ -11,6 +11,9 @@ unless --postgres-url names another one.
     .venv/bin/python -m bench.bench_backends [--corpus FILE --queries FILE] [--queries-limit N]
         [--postgres-url URL] [--sqlite-data-dir DIR] [--collection NAME] [--out FILE]
 
+With --keyword-leg, only the stores' keyword search is timed (top 50, multifield and flat scoring, called
+directly), with how often both stores return the same top 10.
+
 With --sqlite-data-dir, --postgres-url and --collection naming a collection already ingested in both (for
 example by `iris-rag eval` run once with each RAG_STORE), nothing is ingested.
 """
@@ -29,6 +32,8 @@ from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from iris_rag.stores.base import KeywordQuery
+from iris_rag.text import query_terms
 
 COLLECTION = "bench"
 TECHNIQUES = ("basic", "hybrid_ifind")
@@ -79,6 +84,33 @@ def call(service: RagService, technique: str, query: str, collection: str) -> fl
     return elapsed
 
 
+def keyword_leg(services: dict[str, RagService], queries: list[str], collection: str) -> dict[str, Any]:
+    """Each store's keyword_search alone, per scoring: p50s, the median ratio, and top-10 agreement."""
+    result: dict[str, Any] = {}
+    for scoring in ("multifield", "flat"):
+        keyword_queries = [KeywordQuery.of(query_terms(q), 1.0, scoring) for q in queries]
+        samples: dict[str, list[float]] = {backend: [] for backend in BACKENDS}
+        same_top10 = 0
+        for query in keyword_queries:
+            tops = []
+            for backend in BACKENDS:
+                start = time.perf_counter()
+                hits = services[backend].store.keyword_search(collection, query, 50)
+                samples[backend].append((time.perf_counter() - start) * 1000)
+                tops.append([hit.chunk_id for hit in hits[:10]])
+            same_top10 += tops[0] == tops[1]
+        result[scoring] = {
+            "sqlite_ms": percentiles(samples["sqlite"]),
+            "postgres_ms": percentiles(samples["postgres"]),
+            "postgres_over_sqlite_median_ratio": round(
+                statistics.median(p / s for p, s in zip(samples["postgres"], samples["sqlite"], strict=True)),
+                3,
+            ),
+            "same_top10": f"{same_top10}/{len(keyword_queries)}",
+        }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,6 +122,7 @@ def main() -> None:
     parser.add_argument("--sqlite-data-dir", type=Path, default=DATA / "sqlite")
     parser.add_argument("--collection", default=COLLECTION)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--keyword-leg", action="store_true", help="time only the stores' keyword search")
     args = parser.parse_args()
     limit_blas_threads()
     postgres_url = args.postgres_url or local_postgres()
@@ -98,6 +131,13 @@ def main() -> None:
         for service in services.values():
             ingest(service, args.corpus, args.collection)
         queries = [q["text"] for q in read_jsonl(args.queries, args.queries_limit)]
+        if args.keyword_leg:
+            keyword_leg(services, queries[:5], args.collection)  # warm
+            write(
+                args.out,
+                {"machine": machine(), "keyword_leg": keyword_leg(services, queries, args.collection)},
+            )
+            return
         for technique in TECHNIQUES:  # warm: models, caches, vector matrices, connections
             for service in services.values():
                 for query in queries[:5]:
@@ -107,7 +147,11 @@ def main() -> None:
             for technique in TECHNIQUES:
                 for backend, service in services.items():
                     samples[technique, backend].append(call(service, technique, query, args.collection))
-        result: dict[str, Any] = {"machine": machine(), "corpus": str(args.corpus), "queries": len(queries)}
+        result: dict[str, Any] = {
+            "machine": machine(),
+            "collection": args.collection,
+            "queries": len(queries),
+        }
         for technique in TECHNIQUES:
             sqlite, postgres = samples[technique, "sqlite"], samples[technique, "postgres"]
             result[technique] = {

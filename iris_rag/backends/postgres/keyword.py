@@ -12,6 +12,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 K1 = 1.2
 B = 0.75
@@ -66,3 +70,86 @@ def query_stems(terms: dict[str, int]) -> dict[str, int]:
         for token in found:
             weights[token] += weight
     return dict(weights)
+
+
+@dataclass(frozen=True, slots=True)
+class Postings:
+    """A query's postings, one entry per (term, chunk), as parallel arrays."""
+
+    term: npt.NDArray[np.int64]  # index into the query's stems
+    chunk_row: npt.NDArray[np.int64]
+    title_tf: npt.NDArray[np.float64]
+    content_tf: npt.NDArray[np.float64]
+    title_length: npt.NDArray[np.float64]
+    content_length: npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """The collection's counts behind IDF and the average field lengths."""
+
+    chunks: int
+    titled_chunks: int
+    title_tokens: int
+    content_tokens: int
+
+
+def _idf(rows: int, hits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """FTS5's IDF: ln((N - n + 0.5) / (n + 0.5)), at least 1e-6."""
+    return np.maximum(np.log((rows - hits + 0.5) / (hits + 0.5)), 1e-6)
+
+
+def _bm25(
+    tf: npt.NDArray[np.float64],
+    length: npt.NDArray[np.float64],
+    average_length: float,
+    idf: npt.NDArray[np.float64],
+) -> npt.NDArray[np.float64]:
+    """Each posting's BM25 term (k1 1.2, b 0.75), as FTS5's bm25 computes it; 0 where tf is 0."""
+    norm = K1 * (1 - B + B * length / average_length) if average_length > 0 else K1
+    return np.where(tf > 0, idf * (tf * (K1 + 1)) / (tf + norm), 0.0)
+
+
+def bm25_scores(
+    postings: Postings,
+    weights: npt.NDArray[np.float64],
+    totals: Totals,
+    scoring: str,
+    title_weight: float,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Each matching chunk's BM25 score: (chunk rows in ascending order, scores).
+
+    Document frequencies come from the postings themselves (every posting of the query's terms in the
+    collection), so IDF is over the whole collection. flat: one BM25 over title and content, tf =
+    title_weight x title count + content count, length = both fields' tokens. multifield: each field's
+    own BM25 (own IDF over the chunks having the field, own average length), t = title_weight x title
+    score, c = content score, max(t, c) + 0.5 x min(t, c). A term of weight w counts w times.
+    """
+    chunk_rows, chunk_of = np.unique(postings.chunk_row, return_inverse=True)
+    terms = len(weights)
+    weight = weights[postings.term]
+
+    def per_term_hits(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+        counts = np.bincount(postings.term[mask], minlength=terms).astype(np.float64)
+        return counts[postings.term]
+
+    def per_chunk(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        return np.bincount(chunk_of, weights=values, minlength=len(chunk_rows)).astype(np.float64)
+
+    if scoring == "flat":
+        tf = title_weight * postings.title_tf + postings.content_tf
+        idf = _idf(totals.chunks, per_term_hits(np.ones(len(tf), dtype=bool)))
+        average = (totals.title_tokens + totals.content_tokens) / totals.chunks if totals.chunks else 0.0
+        length = postings.title_length + postings.content_length
+        return chunk_rows, per_chunk(weight * _bm25(tf, length, average, idf))
+    title_idf = _idf(totals.titled_chunks, per_term_hits(postings.title_tf > 0))
+    content_idf = _idf(totals.chunks, per_term_hits(postings.content_tf > 0))
+    title_average = totals.title_tokens / totals.titled_chunks if totals.titled_chunks else 0.0
+    content_average = totals.content_tokens / totals.chunks if totals.chunks else 0.0
+    title = title_weight * per_chunk(
+        weight * _bm25(postings.title_tf, postings.title_length, title_average, title_idf)
+    )
+    content = per_chunk(
+        weight * _bm25(postings.content_tf, postings.content_length, content_average, content_idf)
+    )
+    return chunk_rows, np.maximum(title, content) + 0.5 * np.minimum(title, content)

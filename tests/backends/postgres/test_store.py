@@ -61,6 +61,37 @@ def test_migrations_from_empty_and_idempotent_reopen(postgres_url: str) -> None:
     second.close()
 
 
+def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str) -> None:
+    """A database written at schema 1 opens under the current schema with its postings scored alike."""
+    rng = np.random.default_rng(3)
+    documents = [
+        _document("a", "Insulin and diabetes", ["insulin resistance in diabetes", "beta cells"], rng),
+        _document("b", "", ["insulin signalling and cancer cells"], rng),
+        _document("c", "Cancer", ["tumour growth", "cells divide"], rng),
+    ]
+    query = KeywordQuery.of(["insulin", "cells", "cancer"])
+    current = PostgresStore(postgres_url)
+    current.upsert_documents("c", documents, new_collection=_new())
+    expected = current.keyword_search("c", query, 10)
+    current.close()
+    with psycopg.connect(postgres_url, autocommit=True) as connection:  # back to schema 1, data kept
+        connection.execute(
+            "ALTER TABLE keyword_postings DROP CONSTRAINT keyword_postings_pkey, "
+            "DROP COLUMN title_length, DROP COLUMN content_length, "
+            "ADD PRIMARY KEY (collection_id, term, chunk_row)"
+        )
+        connection.execute("DELETE FROM schema_migrations WHERE version > 1")
+    upgraded = PostgresStore(postgres_url)
+    try:
+        got = upgraded.keyword_search("c", query, 10)
+        assert [(h.chunk_id, pytest.approx(h.score)) for h in got] == [
+            (h.chunk_id, h.score) for h in expected
+        ]
+        assert len(got) == 5, "every chunk holding a term: its title counts too"
+    finally:
+        upgraded.close()
+
+
 def test_concurrent_first_starts_do_not_race(postgres_url: str) -> None:
     errors: list[BaseException] = []
 
