@@ -111,3 +111,15 @@ class RequestCancelledError(RagError):
     """The request was cancelled (by the client, or by the front end when it timed out) before it finished."""
 
     code = "REQUEST_CANCELLED"
+
+
+class UnauthorizedError(RagError):
+    """The call carries no valid API key (HTTP mode with RAG_AUTH_FILE)."""
+
+    code = "UNAUTHORIZED"
+
+
+class ForbiddenError(RagError):
+    """The caller's key lacks the scope the tool needs, or may not write the collection it names."""
+
+    code = "FORBIDDEN"

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from iris_rag.access import current_principal
 from iris_rag.stores.base import CallRecord, DocumentStore
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,16 @@ class Monitor:
         self, tool: str, technique: str | None, duration_ms: float, success: bool, error_code: str | None
     ) -> None:
         """Queue one call for storing."""
-        record = CallRecord(time.time(), tool, technique, duration_ms, success, error_code)
+        principal = current_principal()
+        record = CallRecord(
+            time.time(),
+            tool,
+            technique,
+            duration_ms,
+            success,
+            error_code,
+            principal.id if principal else None,
+        )
         number = next(self._numbers)
         with self._unstored_lock:
             self._unstored[number] = record
@@ -72,6 +82,11 @@ class Monitor:
         records = self._calls_since(now - window)
         if technique_filter is not None:
             records = [r for r in records if r.technique == technique_filter]
+        # Everyone's calls for the local user and admins (with a breakdown); a key's own calls otherwise.
+        caller = current_principal()
+        everyone = caller is None or caller.admin
+        if caller is not None and not everyone:
+            records = [r for r in records if r.principal == caller.id]
         minutes = window / 60
         by_technique: dict[str, list[CallRecord]] = defaultdict(list)
         by_tool: dict[str, list[CallRecord]] = defaultdict(list)
@@ -87,6 +102,7 @@ class Monitor:
             "overall": call_stats(records, minutes),
             "by_technique": {name: call_stats(rs, minutes) for name, rs in sorted(by_technique.items())},
             "by_tool": {name: call_stats(rs, minutes) for name, rs in sorted(by_tool.items())},
+            **({"by_principal": _by_principal(records, minutes)} if everyone else {}),
         }
 
     def _calls_since(self, since: float) -> list[CallRecord]:
@@ -124,6 +140,14 @@ def call_stats(records: list[CallRecord], window_minutes: float) -> dict[str, An
         "requests_per_minute": round(count / window_minutes, 4),
         "error_codes": dict(Counter(r.error_code for r in records if r.error_code)),
     }
+
+
+def _by_principal(records: list[CallRecord], window_minutes: float) -> dict[str, Any]:
+    """Statistics per caller; the local user's calls (stdio, CLI) under "local"."""
+    groups: dict[str, list[CallRecord]] = defaultdict(list)
+    for record in records:
+        groups[record.principal or "local"].append(record)
+    return {name: call_stats(rs, window_minutes) for name, rs in sorted(groups.items())}
 
 
 def _iso(timestamp: float) -> str:

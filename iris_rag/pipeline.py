@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from iris_rag import access
 from iris_rag.cancellation import check_cancelled
 from iris_rag.embedder import Embedder
 from iris_rag.errors import (
-    CollectionNotFoundError,
     GenerationFailedError,
     IndexNotBuiltError,
     InvalidParametersError,
@@ -261,11 +261,10 @@ class Pipeline(ABC):
     def resolve_collection(self, collection_id: str | None) -> CollectionInfo:
         """The collection to search; it must exist and match the loaded embedding model."""
         name = collection_id or self.context.settings.default_collection
-        collection = self.context.store.get_collection(name)
+        collection = self.context.store.get_collection(name) if access.can_see(name) else None
         if collection is None:
             known = [c.id for c in self.context.store.list_collections()]
-            msg = f"collection {name!r} does not exist (known: {', '.join(known) or 'none'}); ingest first"
-            raise CollectionNotFoundError(msg, {"collection_id": name, "known_collections": known})
+            raise access.collection_not_found(name, known, "; ingest first")
         check_embedding_model(collection, self.context.settings.embedding_model)
         return collection
 

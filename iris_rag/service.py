@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
-from iris_rag import __version__
+from iris_rag import __version__, access
 from iris_rag.backends import create_store
 from iris_rag.embedder import Embedder
 from iris_rag.errors import CollectionNotFoundError, DocumentNotFoundError, PipelineNotFoundError
@@ -181,6 +181,7 @@ class RagService:
             )
             for item in arguments["documents"]
         ]
+        access.require_writable(arguments["collection_id"])
         return self.ingestor.ingest(arguments["collection_id"], documents).to_dict()
 
     def list_collections(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -199,6 +200,7 @@ class RagService:
                     "updated_at": c.updated_at,
                 }
                 for c in self.store.list_collections()
+                if access.can_see(c.id)
             ],
         }
 
@@ -206,7 +208,11 @@ class RagService:
         """rag_get_document."""
         arguments = validate_arguments("rag_get_document", params)
         collection_id = arguments.get("collection_id") or self.settings.default_collection
-        document = self.store.get_document(collection_id, arguments["document_id"])
+        document = (
+            self.store.get_document(collection_id, arguments["document_id"])
+            if access.can_see(collection_id)
+            else None
+        )
         if document is None:
             msg = f"no document {arguments['document_id']!r} in collection {collection_id!r}"
             raise DocumentNotFoundError(msg, {"collection_id": collection_id})

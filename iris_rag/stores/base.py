@@ -140,6 +140,7 @@ class CallRecord:
     duration_ms: float
     success: bool
     error_code: str | None
+    principal: str | None = None  # the HTTP caller's id; None for the local user (stdio, CLI)
 
 
 class DocumentStore(Protocol):

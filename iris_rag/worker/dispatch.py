@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from iris_rag.access import Principal, principal_scope
 from iris_rag.cancellation import check_cancelled, current_token
 from iris_rag.errors import MethodNotFoundError, RagError
 from iris_rag.service import RagService
@@ -33,8 +34,14 @@ class Dispatcher:
             "shutdown": lambda _params: {"shutting_down": True},
         }
 
-    def call(self, method: str, params: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-        """Run one method: (True, result) or (False, error object). Never raises."""
+    def call(
+        self, method: str, params: dict[str, Any], principal: Principal | None = None
+    ) -> tuple[bool, dict[str, Any]]:
+        """Run one method for `principal` (None: the local user): (True, result) or (False, error)."""
+        with principal_scope(principal):
+            return self._call(method, params)
+
+    def _call(self, method: str, params: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         started = time.perf_counter()
         error_code: str | None = None
         try:

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from iris_rag.access import Principal
 from iris_rag.errors import MalformedRequestError
 
 RequestId = str | int | None
@@ -28,11 +29,12 @@ _LEADING_ID = re.compile(rb'^\s*\{\s*"id"\s*:\s*(?:"((?:[^"\\]|\\.){0,200})"|(-?
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """{id, method, params, timestamp}."""
+    """{id, method, params, principal?, timestamp}: principal is the HTTP caller (absent: the local user)."""
 
     id: RequestId
     method: str
     params: dict[str, Any]
+    principal: Principal | None = None
 
 
 def _timestamp() -> str:
@@ -72,7 +74,12 @@ def parse_request(line: bytes) -> Request:
     if not isinstance(method, str) or not isinstance(params, dict):
         msg = "a request needs a string 'method' and an object 'params'"
         raise MalformedRequestError(msg, {"id": request_id})
-    return Request(request_id, method, params)
+    raw_principal = message.get("principal")
+    try:
+        principal = None if raw_principal is None else Principal.from_wire(raw_principal)
+    except MalformedRequestError as exc:
+        raise MalformedRequestError(exc.message, {"id": request_id}) from exc
+    return Request(request_id, method, params, principal)
 
 
 def success_line(request_id: RequestId, result: Any) -> bytes:

@@ -86,10 +86,10 @@ class WorkerServer:
         """Run one request and write its answer (on a pool thread), inside its cancellation scope."""
         try:
             if token is None:
-                ok, payload = self.dispatcher.call(request.method, request.params)
+                ok, payload = self.dispatcher.call(request.method, request.params, request.principal)
             else:
                 with cancellation_scope(token):
-                    ok, payload = self.dispatcher.call(request.method, request.params)
+                    ok, payload = self.dispatcher.call(request.method, request.params, request.principal)
         finally:
             with self._tokens_lock:
                 self._tokens.pop(request.id, None)

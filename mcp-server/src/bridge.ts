@@ -1,3 +1,4 @@
+import type { Principal } from "./auth.js";
 import { spawn, type ChildProcessWithoutNullStreams } from "node:child_process";
 import { createInterface } from "node:readline";
 
@@ -35,6 +36,8 @@ export interface RequestOptions {
   timeoutMs?: number;
   /** Aborting it cancels the call: dropped if still queued, else the worker is told to stop it. */
   signal?: AbortSignal;
+  /** The HTTP caller the worker serves this call for (its collection grants); absent: the local user. */
+  principal?: Principal;
 }
 
 interface Call {
@@ -105,7 +108,7 @@ export class WorkerBridge {
 
   /** Send one request; resolves with the worker's `result`, rejects with a BridgeError. */
   request(method: string, params: object = {}, options: RequestOptions = {}): Promise<unknown> {
-    const { timeoutMs = this.options.requestTimeoutMs, signal } = options;
+    const { timeoutMs = this.options.requestTimeoutMs, signal, principal } = options;
     return new Promise((resolve, reject) => {
       if (this.stopped) {
         reject(new BridgeError("WORKER_UNAVAILABLE", "The bridge is shut down"));
@@ -129,7 +132,8 @@ export class WorkerBridge {
       const id = String(++this.nextId);
       let line: string;
       try {
-        line = `${JSON.stringify({ id, method, params, timestamp: new Date().toISOString() })}\n`;
+        const caller = principal && { id: principal.id, scopes: principal.scopes, collections: principal.collections };
+        line = `${JSON.stringify({ id, method, params, ...(caller && { principal: caller }), timestamp: new Date().toISOString() })}\n`;
       } catch (error) {
         // Too deep for the stack, a BigInt, a cycle: refuse this call, never throw out of a write.
         reject(new BridgeError("INVALID_PARAMETERS", `The arguments cannot be sent as JSON: ${(error as Error).message}`));

@@ -19,6 +19,25 @@ export interface Config {
   cancelGraceMs: number;
   /** RAG_TECHNIQUES: the techniques whose tools are listed; null for all. */
   servedTechniques: string[] | null;
+  /** MCP_SERVER_NAME / MCP_SERVER_VERSION: what `initialize` reports (defaults: iris-rag, package.json). */
+  serverName: string;
+  serverVersion: string | null;
+  transport: "stdio" | "http";
+  http: HttpConfig;
+}
+
+/** MCP_TRANSPORT=http: where and how the Streamable HTTP endpoint listens. */
+export interface HttpConfig {
+  host: string;
+  port: number;
+  /** RAG_AUTH_FILE: the principals file; null serves without keys (loopback only). */
+  authFile: string | null;
+  /** MCP_ALLOWED_ORIGINS: browser origins allowed besides the loopback ones (comma-separated). */
+  allowedOrigins: string[];
+  /** MCP_MAX_BODY_BYTES: larger request bodies get 413. */
+  maxBodyBytes: number;
+  /** MCP_SESSION_IDLE_MS: a session unused this long is closed. */
+  sessionIdleMs: number;
 }
 
 /** Two levels up from mcp-server/dist/ (or mcp-server/src/ when run from source). */
@@ -46,5 +65,25 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, repoRoot: strin
     workerStartTimeoutMs: integer(env, "WORKER_START_TIMEOUT_MS", 30_000),
     cancelGraceMs: integer(env, "CANCEL_GRACE_MS", 30_000),
     servedTechniques: parseTechniques(env.RAG_TECHNIQUES),
+    serverName: env.MCP_SERVER_NAME?.trim() || "iris-rag",
+    serverVersion: env.MCP_SERVER_VERSION?.trim() || null,
+    transport: transport(env.MCP_TRANSPORT),
+    http: {
+      host: env.MCP_SERVER_HOST?.trim() || "127.0.0.1",
+      port: integer(env, "MCP_SERVER_PORT", 3000, 0),
+      authFile: env.RAG_AUTH_FILE?.trim() || null,
+      allowedOrigins: (env.MCP_ALLOWED_ORIGINS ?? "")
+        .split(",")
+        .map((origin) => origin.trim())
+        .filter(Boolean),
+      maxBodyBytes: integer(env, "MCP_MAX_BODY_BYTES", 4 * 1024 * 1024),
+      sessionIdleMs: integer(env, "MCP_SESSION_IDLE_MS", 30 * 60_000),
+    },
   };
+}
+
+function transport(raw: string | undefined): "stdio" | "http" {
+  const value = raw?.trim().toLowerCase() || "stdio";
+  if (value !== "stdio" && value !== "http") throw new Error(`MCP_TRANSPORT must be stdio or http, got ${JSON.stringify(raw)}`);
+  return value;
 }

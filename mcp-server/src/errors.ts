@@ -1,6 +1,7 @@
 /**
  * The error codes a caller can see, mirrored from iris_rag/errors.py, plus the ones only the
- * front end raises (RATE_LIMIT_EXCEEDED, WORKER_CRASHED, WORKER_UNAVAILABLE).
+ * front end raises (RATE_LIMIT_EXCEEDED, WORKER_CRASHED, WORKER_UNAVAILABLE; in HTTP mode UNAUTHORIZED and
+ * FORBIDDEN, which the worker also raises for collection grants).
  */
 export const ERROR_HINTS = {
   INVALID_QUERY: "Pass a non-empty `query` string of at most 2,048 characters that is not only whitespace.",
@@ -16,7 +17,9 @@ export const ERROR_HINTS = {
   SQL_REJECTED: "The SQL statement was refused (details.reason says why); send one read-only SELECT over the tables rag_table_schema lists.",
   REQUEST_CANCELLED: "The request was cancelled before it finished; nothing it would have written was kept. Send it again to run it.",
   TIMEOUT_EXCEEDED: "The request took too long; retry with a smaller top_k or fewer documents, or raise REQUEST_TIMEOUT_MS.",
-  RATE_LIMIT_EXCEEDED: "Too many requests are waiting; retry after the running ones finish.",
+  RATE_LIMIT_EXCEEDED: "Too many requests: retry after details.retry_after_ms (your key's rate limit) or once the running ones finish.",
+  UNAUTHORIZED: "Send a valid API key as `Authorization: Bearer <key>` or `X-API-Key: <key>`.",
+  FORBIDDEN: "Your API key lacks the scope this tool needs (read, write or admin) or may not write to that collection; ask for a key with it.",
   WORKER_CRASHED: "The Python worker stopped while handling the request; it restarts on the next call, so retry once.",
   WORKER_UNAVAILABLE: "The Python worker could not be started (the message gives its error); fix IRIS_RAG_PYTHON or the install it names (bash scripts/setup.sh).",
   MALFORMED_REQUEST: "The front end sent a request the worker could not read; this is a server bug, report it.",

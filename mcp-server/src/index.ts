@@ -1,31 +1,54 @@
 #!/usr/bin/env node
-/** Entry point: an MCP server on stdio. stdout carries the protocol only, so every log goes to stderr. */
+/**
+ * Entry point: an MCP server on stdio (default) or on Streamable HTTP (MCP_TRANSPORT=http).
+ * On stdio, stdout carries the protocol only, so every log goes to stderr (in both modes).
+ */
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 
-import { loadConfig } from "./config.js";
+import { loadConfig, type Config } from "./config.js";
 import { gatedInput } from "./frames.js";
-import { createServer } from "./server.js";
+import { HttpFrontDoor } from "./http.js";
+import { createServer, type IrisRagServer } from "./server.js";
 
 async function main(): Promise<void> {
   const config = loadConfig();
-  const { server, tools, cleanup } = createServer(config);
-
+  const core = createServer(config);
+  let close: () => Promise<void> = async () => undefined;
   let exiting = false;
   const shutdown = (reason: string) => {
     if (exiting) return;
     exiting = true;
     console.error(`[iris-rag] shutting down (${reason})`);
-    void cleanup().finally(() => process.exit(0));
+    void close()
+      .catch((error: unknown) => console.error(`[iris-rag] closing: ${String(error)}`))
+      .then(() => core.cleanup())
+      .finally(() => process.exit(0));
   };
-  process.stdin.once("end", () => shutdown("stdin closed"));
   process.once("SIGTERM", () => shutdown("SIGTERM"));
   process.once("SIGINT", () => shutdown("SIGINT"));
-  server.onclose = () => shutdown("connection closed");
-
-  await server.connect(new StdioServerTransport(gatedInput(process.stdin, process.stdout), process.stdout));
+  close = config.transport === "http" ? await serveHttp(config, core) : await serveStdio(config, core, shutdown);
   // Start the worker now, so the first call does not wait for Python to start.
-  tools.warmUp(config.workerStartTimeoutMs).catch((error: unknown) => console.error(`[iris-rag] the worker did not start (a call will try again): ${String(error)}`));
+  core.tools
+    .warmUp(config.workerStartTimeoutMs)
+    .catch((error: unknown) => console.error(`[iris-rag] the worker did not start (a call will try again): ${String(error)}`));
+}
+
+async function serveStdio(config: Config, core: IrisRagServer, shutdown: (reason: string) => void): Promise<() => Promise<void>> {
+  const server = core.newServer();
+  process.stdin.once("end", () => shutdown("stdin closed"));
+  server.onclose = () => shutdown("connection closed");
+  await server.connect(new StdioServerTransport(gatedInput(process.stdin, process.stdout), process.stdout));
   console.error(`[iris-rag] MCP server ready on stdio (worker: ${config.python} -m iris_rag.bridge in ${config.repoRoot})`);
+  return () => server.close();
+}
+
+async function serveHttp(config: Config, core: IrisRagServer): Promise<() => Promise<void>> {
+  const door = new HttpFrontDoor(core, config.http);
+  const address = await door.listen();
+  const host = address.family === "IPv6" ? `[${address.address}]` : address.address;
+  const keys = config.http.authFile ? `${door.principals} API key(s) from RAG_AUTH_FILE` : "no API keys (loopback only)";
+  console.error(`[iris-rag] MCP server ready on http://${host}:${address.port}/mcp (health: /health; ${keys})`);
+  return () => door.close();
 }
 
 main().catch((error: unknown) => {

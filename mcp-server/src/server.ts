@@ -1,19 +1,22 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
+import type { AuthInfo } from "@modelcontextprotocol/sdk/server/auth/types.js";
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
+import type { Principal } from "./auth.js";
 import { WorkerBridge } from "./bridge.js";
 import type { Config } from "./config.js";
 import { loadToolSpecs, servedToolSpecs } from "./schemas.js";
 import { ToolRouter } from "./tools.js";
 
 export interface IrisRagServer {
-  server: Server;
   bridge: WorkerBridge;
   tools: ToolRouter;
-  /** Close the MCP connection and stop the worker. */
+  /** A new MCP server on the shared worker: one for stdio, one per session over HTTP. */
+  newServer: () => Server;
+  /** Stop the worker (close the MCP servers first). */
   cleanup: () => Promise<void>;
 }
 
@@ -35,19 +38,26 @@ export function createServer(config: Config): IrisRagServer {
   // client its tools, and rag_health_check to say why.
   const specs = servedToolSpecs(loadToolSpecs(join(config.repoRoot, "iris_rag", "schemas")), config.servedTechniques);
   const tools = new ToolRouter(bridge, specs);
-  const server = new Server({ name: "iris-rag", version: packageVersion(config.repoRoot) }, { capabilities: { tools: {} } });
+  const version = config.serverVersion ?? packageVersion(config.repoRoot);
 
-  server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: tools.listTools() }));
-  // extra.signal fires on the client's notifications/cancelled; the SDK then sends no response.
-  server.setRequestHandler(CallToolRequestSchema, async (request, extra) =>
-    tools.callTool(request.params.name, request.params.arguments, extra.signal),
-  );
+  const newServer = (): Server => {
+    const server = new Server({ name: config.serverName, version }, { capabilities: { tools: {} } });
+    server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: tools.listTools() }));
+    // extra.signal fires on the client's notifications/cancelled; the SDK then sends no response.
+    // extra.authInfo is what the HTTP front door authenticated (http.ts); none on stdio.
+    server.setRequestHandler(CallToolRequestSchema, async (request, extra) =>
+      tools.callTool(request.params.name, request.params.arguments, extra.signal, principalOf(extra.authInfo)),
+    );
+    return server;
+  };
 
   let cleaning: Promise<void> | undefined;
-  const cleanup = () =>
-    (cleaning ??= (async () => {
-      await server.close().catch((error: unknown) => console.error(`[iris-rag] closing the MCP connection: ${String(error)}`));
-      await bridge.stop();
-    })());
-  return { server, bridge, tools, cleanup };
+  const cleanup = () => (cleaning ??= bridge.stop());
+  return { bridge, tools, newServer, cleanup };
+}
+
+/** The principal http.ts attached to the request (AuthInfo.extra.principal). */
+function principalOf(authInfo: AuthInfo | undefined): Principal | undefined {
+  const principal = authInfo?.extra?.principal;
+  return principal === undefined ? undefined : (principal as Principal);
 }

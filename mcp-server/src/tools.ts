@@ -1,5 +1,6 @@
 import type { CallToolResult, Tool } from "@modelcontextprotocol/sdk/types.js";
 
+import { hasScope, RateLimiter, requiredScope, type Principal } from "./auth.js";
 import type { WorkerBridge } from "./bridge.js";
 import { asBridgeError, BridgeError } from "./errors.js";
 import { isObject, type JsonObject } from "./json.js";
@@ -88,6 +89,8 @@ export function unhealthyResult(error: BridgeError, responseTimeMs: number): Cal
 /** Serves tools/list from the schema files and tools/call through the worker. */
 export class ToolRouter {
   private readonly catalog: Map<string, CatalogEntry>;
+  /** Per-principal token buckets (HTTP mode), shared by every session. */
+  private readonly limiter = new RateLimiter();
 
   constructor(
     private readonly bridge: WorkerBridge,
@@ -113,46 +116,66 @@ export class ToolRouter {
     }));
   }
 
-  /** One tools/call; `signal` (the client's notifications/cancelled) cancels it in the worker too. */
-  async callTool(name: string, args: unknown = {}, signal?: AbortSignal): Promise<CallToolResult> {
+  /**
+   * One tools/call; `signal` (the client's notifications/cancelled) cancels it in the worker too.
+   * `principal` is the HTTP caller (absent on stdio: the local user may call everything).
+   */
+  async callTool(name: string, args: unknown = {}, signal?: AbortSignal, principal?: Principal): Promise<CallToolResult> {
     const started = performance.now();
     const entry = this.catalog.get(name);
+    const fail = (error: BridgeError, technique?: string): CallToolResult => {
+      this.recordFrontEndFailure(name, technique, started, error.code, principal);
+      return errorResult(error);
+    };
     if (!entry) {
       // The name is the client's: keep it short and valid Unicode before it is echoed and stored.
       const shown = name.slice(0, 128).replace(LONE_SURROGATES, "\uFFFD");
-      this.recordFrontEndFailure(shown, undefined, started, "PIPELINE_NOT_FOUND");
+      this.recordFrontEndFailure(shown, undefined, started, "PIPELINE_NOT_FOUND", principal);
       const known = [...this.catalog.keys()].join(", ");
       return errorResult(new BridgeError("PIPELINE_NOT_FOUND", `Unknown tool ${JSON.stringify(shown)}; available tools: ${known}`));
     }
 
     const { technique } = entry.spec.bridge;
-    const failure = entry.validate(args);
-    if (failure) {
-      this.recordFrontEndFailure(name, technique, started, failure.code);
-      return errorResult(new BridgeError(failure.code, failure.message, { errors: failure.errors }));
+    if (principal) {
+      const scope = requiredScope(entry.spec.annotations);
+      if (!hasScope(principal, scope)) {
+        return fail(new BridgeError("FORBIDDEN", `${name} needs the '${scope}' scope; this key has: ${principal.scopes.join(", ") || "none"}`), technique);
+      }
+      const waitMs = this.limiter.take(principal);
+      if (waitMs > 0) {
+        const message = `More than ${principal.requestsPerMinute} calls per minute for this key; retry in ${waitMs} ms`;
+        return fail(new BridgeError("RATE_LIMIT_EXCEEDED", message, { retry_after_ms: waitMs }), technique);
+      }
     }
+    const failure = entry.validate(args);
+    if (failure) return fail(new BridgeError(failure.code, failure.message, { errors: failure.errors }), technique);
 
     try {
       const params = technique ? { technique, arguments: args } : (args as JsonObject);
-      const result = await this.bridge.request(technique ? "execute" : entry.spec.bridge.method, params, { signal });
+      const method = technique ? "execute" : entry.spec.bridge.method;
+      const result = await this.bridge.request(method, params, { signal, ...(principal && { principal }) });
       return successResult(result);
     } catch (error) {
       const bridgeError = asBridgeError(error);
-      if (!recordedByWorker(bridgeError)) this.recordFrontEndFailure(name, technique, started, bridgeError.code);
+      if (!recordedByWorker(bridgeError)) this.recordFrontEndFailure(name, technique, started, bridgeError.code, principal);
       return name === HEALTH_TOOL ? unhealthyResult(bridgeError, performance.now() - started) : errorResult(bridgeError);
     }
   }
 
   /** Calls that failed here never completed at the worker, but they still belong in rag_metrics. */
-  private recordFrontEndFailure(tool: string, technique: string | undefined, started: number, code: string): void {
+  private recordFrontEndFailure(tool: string, technique: string | undefined, started: number, code: string, principal?: Principal): void {
     this.bridge
-      .request("record_call", {
-        tool,
-        technique: technique ?? null,
-        duration_ms: performance.now() - started,
-        success: false,
-        error_code: code,
-      })
+      .request(
+        "record_call",
+        {
+          tool,
+          technique: technique ?? null,
+          duration_ms: performance.now() - started,
+          success: false,
+          error_code: code,
+        },
+        principal && { principal },
+      )
       .catch((error: unknown) => console.error(`[iris-rag] record_call failed: ${asBridgeError(error).message}`));
   }
 }

@@ -120,6 +120,11 @@ ALTER TABLE keyword_postings DROP CONSTRAINT keyword_postings_pkey,
     INCLUDE (title_tf, content_tf, title_length, content_length);
 """,
     ),
+    (
+        7,
+        "each call record names its caller (HTTP mode)",
+        "ALTER TABLE calls ADD COLUMN principal TEXT;",
+    ),
 ]
 
 

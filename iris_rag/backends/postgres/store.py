@@ -629,7 +629,8 @@ class PostgresStore:
     def record_call(self, record: CallRecord) -> None:
         """Append one call record."""
         self.connection().execute(
-            "INSERT INTO calls VALUES (%s, %s, %s, %s, %s, %s)",
+            "INSERT INTO calls (ts, tool, technique, duration_ms, success, error_code, principal) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
             (
                 record.timestamp,
                 record.tool,
@@ -637,6 +638,7 @@ class PostgresStore:
                 record.duration_ms,
                 record.success,
                 record.error_code,
+                record.principal,
             ),
         )
 
@@ -646,7 +648,15 @@ class PostgresStore:
             self.connection().execute("SELECT * FROM calls WHERE ts >= %s ORDER BY ts", (since,)).fetchall()
         )
         return [
-            CallRecord(r["ts"], r["tool"], r["technique"], r["duration_ms"], r["success"], r["error_code"])
+            CallRecord(
+                r["ts"],
+                r["tool"],
+                r["technique"],
+                r["duration_ms"],
+                r["success"],
+                r["error_code"],
+                r["principal"],
+            )
             for r in rows
         ]
 

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -85,7 +85,8 @@ CREATE TABLE IF NOT EXISTS calls (
     technique   TEXT,
     duration_ms REAL NOT NULL,
     success     INTEGER NOT NULL,
-    error_code  TEXT
+    error_code  TEXT,
+    principal   TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts);
 CREATE TABLE IF NOT EXISTS collection_versions (
@@ -308,6 +309,9 @@ class SqliteStore:
         rebuilt from its stored rows and its old tables dropped, in one transaction, so a crash leaves it
         either as it was or done. Idempotent: a collection with its tables is left alone.
         """
+        # Version 5: each call record names its caller (HTTP mode); older records have none.
+        if "principal" not in {row[1] for row in connection.execute("PRAGMA table_info(calls)")}:
+            connection.execute("ALTER TABLE calls ADD COLUMN principal TEXT")
         collections = [row[0] for row in connection.execute("SELECT id FROM collections ORDER BY id")]
         for collection_id in collections:
             if not _has_keyword_tables(connection, collection_id):
@@ -900,7 +904,8 @@ class SqliteStore:
         """Append one call record."""
         with self._write_lock:
             self._connection().execute(
-                "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO calls (ts, tool, technique, duration_ms, success, error_code, principal) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.timestamp,
                     record.tool,
@@ -908,6 +913,7 @@ class SqliteStore:
                     record.duration_ms,
                     int(record.success),
                     record.error_code,
+                    record.principal,
                 ),
             )
 
@@ -924,6 +930,7 @@ class SqliteStore:
                 row["duration_ms"],
                 bool(row["success"]),
                 row["error_code"],
+                row["principal"],
             )
             for row in rows
         ]

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from iris_rag import access
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import (
-    CollectionNotFoundError,
     InvalidParametersError,
     SqlRejectedError,
 )
@@ -441,12 +441,12 @@ class SqlRagPipeline(Pipeline):
 
     # Bridge methods
     def _require_collection(self, collection_id: str) -> None:
-        if self.context.store.get_collection(collection_id) is None:
+        if not access.can_see(collection_id) or self.context.store.get_collection(collection_id) is None:
             known = [c.id for c in self.context.store.list_collections()]
-            msg = f"collection {collection_id!r} does not exist (known: {', '.join(known) or 'none'})"
-            raise CollectionNotFoundError(msg, {"collection_id": collection_id, "known_collections": known})
+            raise access.collection_not_found(collection_id, known)
 
     def _ingest(self, table: str, raw: RawTable, collection_id: str | None, source: str) -> dict[str, Any]:
+        access.require_writable(collection_id)
         if collection_id is not None:
             self._require_collection(collection_id)
         started = time.perf_counter()
@@ -479,7 +479,11 @@ class SqlRagPipeline(Pipeline):
         else:
             for collection in self.context.store.list_collections():
                 ensure_view(self._storage, collection.id)
-            tables = self._storage.list_tables()
+            tables = [
+                t
+                for t in self._storage.list_tables()
+                if t.collection_id is None or access.can_see(t.collection_id)
+            ]
         wanted = arguments.get("tables")
         if wanted:
             by_name = {t.name: t for t in tables}

@@ -1,0 +1,84 @@
+"""Collection grants in the worker: a principal sent with a bridge request sees only its collections."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from iris_rag.access import Principal
+from iris_rag.errors import MalformedRequestError
+from iris_rag.service import RagService
+from iris_rag.worker.dispatch import Dispatcher
+from iris_rag.worker.protocol import parse_request
+
+ALICE = Principal("alice", frozenset({"read", "write"}), frozenset({"papers"}))
+READER = Principal("reader", frozenset({"read"}), None)
+DOCS = [{"id": "d1", "content": "Rivers carry water to the sea."}]
+
+
+@pytest.fixture
+def dispatcher(service: RagService) -> Dispatcher:
+    for collection in ("papers", "secret"):
+        service.ingest({"collection_id": collection, "documents": DOCS})
+    return Dispatcher(service)
+
+
+def test_listing_and_reads_hide_other_collections(dispatcher: Dispatcher) -> None:
+    ok, listing = dispatcher.call("list_collections", {}, ALICE)
+    assert ok and [c["id"] for c in listing["collections"]] == ["papers"]
+    ok, _ = dispatcher.call("get_document", {"collection_id": "papers", "document_id": "d1"}, ALICE)
+    assert ok
+    ok, hidden = dispatcher.call("get_document", {"collection_id": "secret", "document_id": "d1"}, ALICE)
+    ok_missing, missing = dispatcher.call(
+        "get_document", {"collection_id": "nope", "document_id": "d1"}, ALICE
+    )
+    assert not ok and not ok_missing
+    assert hidden["code"] == missing["code"] == "DOCUMENT_NOT_FOUND"
+
+    query = {"query": "rivers", "options": {"generate": False}}
+    ok, hidden = dispatcher.call(
+        "execute", {"technique": "basic", "arguments": {**query, "collection_id": "secret"}}, ALICE
+    )
+    _, missing = dispatcher.call(
+        "execute", {"technique": "basic", "arguments": {**query, "collection_id": "nope"}}, ALICE
+    )
+    assert not ok and hidden["code"] == missing["code"] == "COLLECTION_NOT_FOUND"
+    assert hidden["details"]["known_collections"] == ["papers"]
+    assert "secret" not in hidden["message"].replace("'secret' does not exist", "")
+    # The local user (no principal) sees everything.
+    ok, listing = dispatcher.call("list_collections", {})
+    assert [c["id"] for c in listing["collections"]] == ["papers", "secret"]
+
+
+def test_writes_need_the_write_scope_and_a_grant(dispatcher: Dispatcher) -> None:
+    ok, _ = dispatcher.call("ingest", {"collection_id": "papers", "documents": DOCS}, ALICE)
+    assert ok
+    for collection in ("secret", "brand-new"):  # existing or not: the same refusal
+        ok, error = dispatcher.call("ingest", {"collection_id": collection, "documents": DOCS}, ALICE)
+        assert not ok and error["code"] == "FORBIDDEN"
+        assert error["message"] == f"this key may not write to collection {collection!r}"
+    ok, error = dispatcher.call("ingest", {"collection_id": "papers", "documents": DOCS}, READER)
+    assert not ok and error["code"] == "FORBIDDEN" and "write" in error["message"]
+
+
+def test_call_records_carry_the_principal_and_metrics_are_per_key(dispatcher: Dispatcher) -> None:
+    dispatcher.call("list_collections", {}, ALICE)
+    dispatcher.call("list_collections", {}, READER)
+    dispatcher.call("list_collections", {})
+    dispatcher.service.monitor.flush()
+    ok, mine = dispatcher.call("metrics", {"time_range": "1h"}, ALICE)
+    assert ok and "by_principal" not in mine
+    assert mine["by_tool"]["rag_list_collections"]["request_count"] == 1
+    ok, everyone = dispatcher.call("metrics", {"time_range": "1h"})
+    assert {"alice", "reader", "local"} <= set(everyone["by_principal"])
+
+
+def test_the_wire_principal_is_checked() -> None:
+    line = orjson.dumps({"id": "7", "method": "list_collections", "params": {}, "principal": {"id": "a"}})
+    request = parse_request(line)
+    assert request.principal == Principal("a", frozenset(), frozenset())
+    star = parse_request(orjson.dumps({"id": 1, "method": "m", "principal": {"id": "a", "collections": "*"}}))
+    assert star.principal is not None and star.principal.collections is None
+    with pytest.raises(MalformedRequestError) as raised:
+        parse_request(orjson.dumps({"id": "8", "method": "m", "principal": {"id": 3}}))
+    assert raised.value.details == {"id": "8"}
