@@ -215,7 +215,10 @@ async def test_authorization_matrix(seeded: HttpServer) -> None:
     """Every principal x tool x collection: allowed calls succeed; the rest are refused, revealing nothing."""
     grants: dict[str, set[str] | None] = {"admin": None, "alice": {"papers"}, "bob": {"notes"}, "carol": None}
     writers = {"admin", "alice", "carol"}
-    query = {"query": "Which river flows through Paris?", "options": {"top_k": 1, "generate": False}}
+    query: dict[str, Any] = {
+        "query": "Which river flows through Paris?",
+        "options": {"top_k": 1, "generate": False},
+    }
     for who, granted in grants.items():
 
         def sees(collection: str, granted: set[str] | None = granted) -> bool:
@@ -228,7 +231,7 @@ async def test_authorization_matrix(seeded: HttpServer) -> None:
             for collection in ("papers", "notes", "missing"):
                 exists = collection != "missing"
                 allowed = exists and sees(collection)
-                for tool, arguments in [
+                calls: list[tuple[str, dict[str, Any]]] = [
                     ("rag_basic", {**query, "collection_id": collection}),
                     ("rag_hybrid_ifind", {**query, "collection_id": collection}),
                     (
@@ -241,7 +244,8 @@ async def test_authorization_matrix(seeded: HttpServer) -> None:
                     ),
                     ("rag_get_document", {"collection_id": collection, "document_id": "seine"}),
                     ("rag_table_schema", {"collection_id": collection}),
-                ]:
+                ]
+                for tool, arguments in calls:
                     failed, body = await call(client, tool, arguments)
                     assert failed == (not allowed), (who, tool, collection, body)
                     if failed:
