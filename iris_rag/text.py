@@ -7,6 +7,7 @@ every part splits and matches text alike.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 
 import snowballstemmer
@@ -16,7 +17,9 @@ import snowballstemmer
 # "e.g." followed by a lowercase word are therefore not split.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[A-Z0-9\"'(\[])|\n\s*\n")
 _TERM = re.compile(r"\w+", re.UNICODE)
-_PORTER = snowballstemmer.stemmer("porter")
+# A snowball stemmer keeps the word it is working on in the object: one per thread, or two worker threads
+# stemming at once corrupt each other's word (wrong stems, IndexError).
+_stemmers = threading.local()
 # Function words carry no evidence and make every OR query scan most of the index.
 STOPWORDS = frozenset(
     (
@@ -63,7 +66,10 @@ def query_terms(text: str) -> list[str]:
 
 def stem(term: str) -> str:
     """The Porter stem, as FTS5's porter tokenizer stores the term."""
-    return str(_PORTER.stemWord(term))
+    stemmer = getattr(_stemmers, "porter", None)
+    if stemmer is None:
+        stemmer = _stemmers.porter = snowballstemmer.stemmer("porter")
+    return str(stemmer.stemWord(term))
 
 
 def embedding_text(title: str, chunk: str) -> str:

@@ -1,0 +1,40 @@
+"""iris_rag.text: the one text module."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from iris_rag.text import stem
+
+
+def test_stem_is_safe_across_threads() -> None:
+    """Worker threads stem at once (extractive answers, keyword terms): one shared snowball stemmer keeps
+    per-word state, and two threads in it gave wrong stems and IndexError under the HTTP load bench."""
+    words = ["insulin", "resistance", "angiotensin", "inhibitors", "associated", "functional", "renal"] * 50
+    expected = {w: stem(w) for w in set(words)}
+    failures: list[str] = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows within a few rounds
+    try:
+
+        def run() -> None:
+            for _ in range(40):
+                for word in words:
+                    try:
+                        got = stem(word)
+                    except Exception as error:  # recorded, asserted below
+                        failures.append(f"{word}: {type(error).__name__}")
+                        return
+                    if got != expected[word]:
+                        failures.append(f"{word}: {got} != {expected[word]}")
+                        return
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert failures == []
