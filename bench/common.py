@@ -29,7 +29,9 @@ def read_jsonl(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
 
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
-    """Median, p95 and count of a list of milliseconds."""
+    """Median, p95 and count of a list of milliseconds (zeros for none)."""
+    if not samples_ms:
+        return {"p50": 0.0, "p95": 0.0, "n": 0}
     array = np.array(samples_ms)
     return {
         "p50": round(float(np.percentile(array, 50)), 3),
