@@ -411,3 +411,12 @@ def _initialize_body() -> dict[str, Any]:
             "clientInfo": {"name": "t", "version": "0"},
         },
     }
+
+
+async def test_initialize_reports_the_configured_name(seeded: HttpServer) -> None:
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(
+            seeded.mcp, json=_initialize_body(), headers={**_ACCEPT, "X-API-Key": KEYS["bob"]}
+        )
+    data = next(line[6:] for line in response.text.splitlines() if line.startswith("data: "))
+    assert json.loads(data)["result"]["serverInfo"]["name"] == "iris-rag-e2e"
