@@ -109,3 +109,16 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
     yield postgres_server.replace("/postgres?", f"/{name}?", 1)
     with psycopg.connect(postgres_server, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A fresh store of each backend (postgres: a fresh database on the session's server)."""
+    from iris_rag.backends import create_store
+
+    settings: dict[str, Any] = {"RAG_DATA_DIR": tmp_path, "RAG_STORE": request.param}
+    if request.param == "postgres":
+        settings["RAG_POSTGRES_URL"] = request.getfixturevalue("postgres_url")
+    made = create_store(Settings(**settings))
+    yield made
+    made.close()

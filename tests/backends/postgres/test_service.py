@@ -69,3 +69,33 @@ def test_basic_and_hybrid_on_postgres(postgres_url: str, tmp_path: Path, embedde
         assert {d["id"].split("#")[0] for d in filtered["retrieved_documents"]} == {"volcano"}
     finally:
         service.close()
+
+
+def test_colbert_and_noderag_on_postgres_follow_their_documents(
+    postgres_url: str, tmp_path: Path, embedder: Embedder
+) -> None:
+    """Their rows live in Postgres: written with the documents, searched, and gone with a delete."""
+    settings = Settings(
+        RAG_STORE="postgres",
+        RAG_POSTGRES_URL=postgres_url,
+        RAG_DATA_DIR=tmp_path,
+        RAG_TECHNIQUES="colbert,noderag",
+    )
+    service = RagService(settings, embedder=embedder)
+    try:
+        service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+        for technique in ("colbert", "noderag"):
+            result = service.execute(
+                {
+                    "technique": technique,
+                    "arguments": {"query": "what makes sourdough rise", "collection_id": "docs"},
+                }
+            )
+            assert result["retrieved_documents"][0]["id"].startswith("sourdough"), (technique, result)
+            assert service.stale_indexes("docs") == []
+        service.store.delete_document("docs", "sourdough")
+        for technique in ("colbert", "noderag"):
+            index = service.pipelines[technique].technique_index()
+            assert index is not None and index.indexed_documents("docs") == 2, technique
+    finally:
+        service.close()

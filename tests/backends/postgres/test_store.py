@@ -62,7 +62,7 @@ def test_migrations_from_empty_and_idempotent_reopen(postgres_url: str) -> None:
 
 
 def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str) -> None:
-    """A database written at schema 1 opens under the current schema with its postings scored alike."""
+    """A database from before migration 2 (postings without lengths) opens with its postings scored alike."""
     rng = np.random.default_rng(3)
     documents = [
         _document("a", "Insulin and diabetes", ["insulin resistance in diabetes", "beta cells"], rng),
@@ -74,13 +74,13 @@ def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str) -> None:
     current.upsert_documents("c", documents, new_collection=_new())
     expected = current.keyword_search("c", query, 10)
     current.close()
-    with psycopg.connect(postgres_url, autocommit=True) as connection:  # back to schema 1, data kept
+    with psycopg.connect(postgres_url, autocommit=True) as connection:  # undo migration 2, data kept
         connection.execute(
             "ALTER TABLE keyword_postings DROP CONSTRAINT keyword_postings_pkey, "
             "DROP COLUMN title_length, DROP COLUMN content_length, "
             "ADD PRIMARY KEY (collection_id, term, chunk_row)"
         )
-        connection.execute("DELETE FROM schema_migrations WHERE version > 1")
+        connection.execute("DELETE FROM schema_migrations WHERE version = 2")
     upgraded = PostgresStore(postgres_url)
     try:
         got = upgraded.keyword_search("c", query, 10)
