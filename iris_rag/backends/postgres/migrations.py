@@ -262,6 +262,24 @@ CREATE INDEX kg_evidence_by_relation ON kg_evidence(relation_id);
 CREATE INDEX kg_evidence_by_document ON kg_evidence(collection_id, document_id);
 """,
     ),
+    (
+        7,
+        "rag_sqlrag: the registry of structured tables and documents views, and their schema",
+        """
+CREATE SCHEMA sqlrag;
+CREATE TABLE structured_tables (
+    name          TEXT PRIMARY KEY,
+    kind          TEXT NOT NULL,
+    source_name   TEXT NOT NULL,
+    collection_id TEXT,
+    columns       JSONB NOT NULL,
+    row_count     BIGINT NOT NULL,
+    source        TEXT NOT NULL,
+    created_at    TEXT NOT NULL,
+    updated_at    TEXT NOT NULL
+);
+""",
+    ),
 ]
 
 

@@ -119,6 +119,12 @@ class PostgresStore:
         with connection.transaction():
             yield connection
 
+    @contextmanager
+    def separate_connection(self) -> Iterator[Connection[Row]]:
+        """A pool connection apart from the thread's own (rag_sqlrag's read-only statements use one)."""
+        with self._pool.connection() as connection:
+            yield connection
+
     def register_index(self, index: TechniqueIndex) -> None:
         """Keep a technique's index in step with every later upsert and delete (in their transactions)."""
         with self._pinned_lock:

@@ -37,6 +37,7 @@ from iris_rag.techniques.sqlrag.safety import (
     Complexity,
     SqlGate,
     check_sql,
+    dialect_name,
     select_limits,
 )
 from iris_rag.techniques.sqlrag.schema import describe_tables, query_rules, schema_text
@@ -111,11 +112,17 @@ class SqlWriter:
         self._client = openai_client(settings)
 
     def write(
-        self, question: str, schema: str, complexity: Complexity, rejected: list[dict[str, Any]]
+        self,
+        question: str,
+        schema: str,
+        complexity: Complexity,
+        rejected: list[dict[str, Any]],
+        dialect: str = "sqlite",
     ) -> str:
         """One statement for the question; earlier rejected attempts are shown with their reasons."""
         system = (
-            "You translate a question into exactly one SQLite SELECT statement over the tables described. "
+            f"You translate a question into exactly one {dialect_name(dialect)} SELECT statement over the "
+            "tables described. "
             "Use only those tables and columns, by their exact names. Read-only: no INSERT, UPDATE, DELETE, "
             "DDL, PRAGMA or ATTACH. Allowed complexity: "
             f"{COMPLEXITY[complexity].describe()}. Reply with the SQL statement only, no explanation."
@@ -328,7 +335,8 @@ class SqlRagPipeline(Pipeline):
                 else "enable_sql_generation is false"
             )
             msg = (
-                f"technique_params.sql is required: {why}. Write one SQLite SELECT over the tables in "
+                f"technique_params.sql is required: {why}. Write one {dialect_name(self._storage.dialect)} "
+                "SELECT over the tables in "
                 "error.details.schema and call again with it"
             )
             raise InvalidParametersError(msg, self._schema_details(scope, reason))
@@ -339,12 +347,15 @@ class SqlRagPipeline(Pipeline):
         for _ in range(GENERATION_ATTEMPTS):
             check_cancelled()
             try:
-                sql = self._writer.write(query, schema, params.max_sql_complexity, rejected)
+                sql = self._writer.write(
+                    query, schema, params.max_sql_complexity, rejected, self._storage.dialect
+                )
             except Exception as exc:
                 why = redact(f"{type(exc).__name__}: {exc}", self._writer.secrets)
                 msg = (
                     f"technique_params.sql is required: the LLM failed to write it ({why}). "
-                    "Write one SQLite SELECT over the tables in error.details.schema"
+                    f"Write one {dialect_name(self._storage.dialect)} SELECT over the tables in "
+                    "error.details.schema"
                 )
                 raise InvalidParametersError(msg, self._schema_details(scope, "llm_failed")) from exc
             try:

@@ -39,8 +39,15 @@ MAX_VALUE_BYTES = 1_000_000
 _WATCH_INTERVAL_S = 0.05
 # Statements that may run at once per process (SqlGate's default).
 DEFAULT_CONCURRENT_STATEMENTS = 2
-# How a dialect is named in messages.
+# How a dialect is named in messages and prompts.
 _DIALECT_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
+
+
+def dialect_name(dialect: str) -> str:
+    """The dialect as people name it (SQLite, PostgreSQL)."""
+    return _DIALECT_NAMES.get(dialect, dialect)
+
+
 # A printf/format field: %[flags][width][.precision]type, or "%%".
 _FORMAT_FIELD = re.compile(r"%%|%[-+ #0,!]*(\*|\d+)?(?:\.(\*|\d+))?")
 
@@ -95,6 +102,12 @@ DANGEROUS_FUNCTIONS = frozenset(
     sqlite_compileoption_used sqlite_offset sqlite_source_id sqlite_version changes total_changes
     last_insert_rowid sqlar_compress sqlar_uncompress shell_add_schema shell_escape_crnl
     shell_idquote shell_int32 shell_module_schema shell_putsnl zipfile""".split()
+)
+# Refused by name: they tell about the server (version, user, database, settings), not the data.
+SYSTEM_INFORMATION = frozenset(
+    """current_version version current_user session_user current_role user current_database
+    current_schema current_schemas current_catalog current_setting set_config inet_server_addr
+    inet_server_port inet_client_addr pg_backend_pid pg_postmaster_start_time""".split()
 )
 # Statement kinds that change something or reach outside the query; refused wherever they appear.
 _FORBIDDEN: tuple[type[exp.Expr], ...] = (
@@ -177,7 +190,7 @@ def check_sql(
         parsed = sqlglot.parse(text, read=dialect)
     except SqlglotError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        reject(f"it does not parse as {_DIALECT_NAMES.get(dialect, dialect)}: {first_line}", "parse")
+        reject(f"it does not parse as {dialect_name(dialect)}: {first_line}", "parse")
     statements = [s for s in parsed if s is not None and not isinstance(s, exp.Semicolon)]
     if len(statements) != 1:
         reject(f"exactly one statement is allowed; found {len(statements)}", "parse")
@@ -191,7 +204,7 @@ def check_sql(
     existing_names = {name.lower() for name in existing}
     cte_names = {cte.alias_or_name.lower() for cte in root.find_all(exp.CTE)}
     for name in sorted(cte_names):
-        if name in existing_names or name in registered_names or name.startswith("sqlite_"):
+        if name in existing_names or name in registered_names or name.startswith(("sqlite_", "pg_")):
             reject(f"the CTE name {name!r} is the name of a table; rename the CTE")
 
     used: dict[str, None] = {}
@@ -203,6 +216,9 @@ def check_sql(
             _check_table(node, dialect, cte_names, allowed_names, registered_names, existing_names, used)
         elif isinstance(node, exp.Func):
             _check_function(node)
+        elif isinstance(node, exp.Column) and not node.table and node.name.lower() in SYSTEM_INFORMATION:
+            # Postgres reads a bare `user` or `current_role` as the session's role, not a column.
+            reject(f"{node.name} tells about the server, not the data; it is not available")
         if isinstance(node, exp.Placeholder | exp.Parameter):
             reject("bind parameters (?, :name, @name) are not supported; write the values as literals")
         if isinstance(node, exp.Like | exp.ILike | exp.Glob):
@@ -268,7 +284,7 @@ def _check_table(
         used[name] = None
     elif name in registered:
         reject(f"table {node.name!r} is not in allowed_tables ({', '.join(sorted(allowed))})")
-    elif name in existing or name.startswith("sqlite_"):
+    elif name in existing or name.startswith(("sqlite_", "pg_")):
         reject(f"table {node.name!r} is internal to the store, not structured data")
     else:
         reject(f"no table {node.name!r}; queryable: {', '.join(sorted(allowed)) or 'none'}")
@@ -278,6 +294,8 @@ def _check_function(node: exp.Func) -> None:
     name = _function_name(node)
     if name in DANGEROUS_FUNCTIONS:
         reject(f"function {name}() is not allowed (it touches files, loads code or builds huge values)")
+    if name in SYSTEM_INFORMATION:
+        reject(f"function {name}() tells about the server, not the data; it is not available")
     if isinstance(node, exp.RegexpLike):
         reject("REGEXP is not available; use LIKE, GLOB or instr()")
     if isinstance(node, exp.Anonymous) and name not in SAFE_FUNCTIONS:

@@ -437,3 +437,140 @@ def test_a_cancelled_request_stops_waiting_for_its_statement(guarded: RagService
     token.cancel("test")
     with cancellation_scope(token), pytest.raises(RequestCancelledError):
         run_sql(guarded, "SELECT count(*) FROM t_sales")
+
+
+# PostgreSQL's own ways out: server functions, catalogs, other schemas, writes hidden in a query.
+POSTGRES_HOSTILE = [
+    "SELECT pg_sleep(10)",
+    "SELECT pg_read_file('/etc/passwd')",
+    "SELECT * FROM pg_read_file('/etc/passwd')",
+    "SELECT pg_ls_dir('.')",
+    "SELECT lo_import('/etc/passwd')",
+    "SELECT set_config('statement_timeout', '0', false)",
+    "SELECT current_setting('data_directory')",
+    "SELECT version()",
+    "SELECT current_user",
+    "SELECT user",
+    "SELECT current_database()",
+    "SELECT * FROM pg_catalog.pg_authid",
+    "SELECT * FROM pg_class",
+    "SELECT * FROM pg_stat_activity",
+    "SELECT * FROM information_schema.tables",
+    "SELECT * FROM public.documents",
+    "SELECT * FROM sqlrag.t_vault",
+    "SELECT * FROM t_vault",
+    "TABLE documents",
+    "SELECT row_to_json(d) FROM documents d",
+    "SELECT (SELECT string_agg(content, ',') FROM public.chunks)",
+    "SELECT * FROM t_sales, LATERAL (SELECT * FROM documents) d",
+    "COPY t_sales TO '/tmp/iris-rag-evil.txt'",
+    "SELECT dblink('host=x', 'select 1')",
+    "SELECT pg_terminate_backend(1)",
+    "SELECT pg_advisory_lock(1)",
+    "SELECT nextval('documents_row_id_seq')",
+    "SELECT query_to_xml('select * from documents', true, true, '')",
+    "WITH x AS (DELETE FROM t_sales RETURNING *) SELECT * FROM x",
+    "SELECT * FROM t_sales FOR UPDATE",
+    "SELECT 1; SELECT pg_sleep(5)",
+    "SET ROLE postgres",
+    "DO $$ BEGIN PERFORM 1; END $$",
+    "LOCK t_sales",
+    "PREPARE p AS SELECT 1",
+    "SELECT * FROM t_sales WHERE region = $1",
+    "SELECT * FROM t_sales OFFSET -1",
+]
+
+
+@pytest.fixture
+def guarded_postgres(postgres_url: str, tmp_path: Path, embedder: Any) -> Any:
+    """The `guarded` collections and tables on RAG_STORE=postgres."""
+    from iris_rag.settings import Settings
+
+    settings = Settings(
+        RAG_STORE="postgres", RAG_POSTGRES_URL=postgres_url, RAG_DATA_DIR=tmp_path, RAG_TECHNIQUES="sqlrag"
+    )
+    service = RagService(settings, embedder=embedder)
+    try:
+        service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+        vault = {"id": "v", "content": "VAULT-SECRET: the launch code is 0000.", "metadata": {"level": 9}}
+        service.ingest({"collection_id": "vault", "documents": [vault]})
+        pipeline = service.pipelines["sqlrag"]
+        assert isinstance(pipeline, SqlRagPipeline)
+        pipeline.ingest_table({"table": "sales", "collection_id": "docs", "rows": SALES})
+        pipeline.ingest_table(
+            {"table": "vault", "collection_id": "vault", "rows": [{"code": "VAULT-SECRET"}]}
+        )
+        yield service
+    finally:
+        service.close()
+
+
+def test_postgres_refuses_what_sqlite_refuses_and_its_own_ways_out(guarded_postgres: RagService) -> None:
+    """Every hostile statement is SQL_REJECTED on Postgres too; contained ones return only allowed rows."""
+    import psycopg
+
+    url = guarded_postgres.settings.postgres_url
+    assert url is not None
+
+    def snapshot() -> tuple[Any, ...]:
+        with psycopg.connect(url.get_secret_value()) as connection:
+            return tuple(
+                connection.execute(query).fetchone()
+                for query in (
+                    "SELECT count(*), string_agg(region || amount, ',' ORDER BY region, amount) "
+                    "FROM sqlrag.t_sales",
+                    "SELECT count(*) FROM documents",
+                    "SELECT count(*) FROM structured_tables",
+                )
+            )
+
+    before = snapshot()
+    EVIL_FILES[1].unlink(missing_ok=True)
+    reasons = {}
+    for sql in [s for s, params in HOSTILE if not params] + POSTGRES_HOSTILE:
+        with pytest.raises(SqlRejectedError) as caught:
+            run_sql(guarded_postgres, sql)
+        reasons[sql] = caught.value.details["reason"]
+    for sql, params, expected_rows in CONTAINED:
+        if "printf" in sql:  # SQLite's function; Postgres has none of that name (refused, see below)
+            continue
+        specific = run_sql(guarded_postgres, sql, **params)["metadata"]["technique_specific"]
+        assert specific["row_count"] == expected_rows, sql
+        assert not any(secret in repr(specific["rows"]) for secret in SECRETS), sql
+    limited = run_sql(guarded_postgres, "SELECT region FROM t_sales LIMIT -1")["metadata"][
+        "technique_specific"
+    ]
+    assert limited["row_count"] == 3, "a negative LIMIT is replaced by the row limit, as on SQLite"
+    assert snapshot() == before, "nothing was written"
+    assert not EVIL_FILES[1].exists()
+    assert "internal to the store" in reasons["SELECT * FROM pg_class"]
+    assert "tells about the server" in reasons["SELECT version()"]
+    assert "only the store's own tables" in reasons["SELECT * FROM public.documents"]
+    assert (
+        "time limit"
+        in reasons["WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"]
+        or "recursive CTE"
+        in reasons["WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"]
+    )
+
+
+def test_postgres_runtime_layer_and_time_limit(guarded_postgres: RagService) -> None:
+    """What the static check would catch is refused again by the plan check; a runaway stops at its limit."""
+    pipeline = guarded_postgres.pipelines["sqlrag"]
+    assert isinstance(pipeline, SqlRagPipeline)
+    storage = pipeline._storage
+    limits = select_limits(["t_sales"], [], allow_recursive=True, timeout_ms=300)
+    for unchecked in ("SELECT code FROM t_vault", "SELECT * FROM public.chunks", "SELECT * FROM pg_class"):
+        with pytest.raises(SqlRejectedError, match="not authorized") as caught:
+            storage.run_select(
+                CheckedSql(unchecked, unchecked, (), (), {}, None, 10, 11), limits, safety.SqlGate()
+            )
+        assert caught.value.details["stage"] == "execution"
+    write = "SELECT * FROM t_sales FOR UPDATE"
+    with pytest.raises(SqlRejectedError, match=r"read-only|PostgreSQL error"):
+        storage.run_select(CheckedSql(write, write, (), (), {}, None, 10, 11), limits, safety.SqlGate())
+    loop = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c"
+    started = time.monotonic()
+    with pytest.raises(SqlRejectedError, match="300 ms time limit"):
+        storage.run_select(CheckedSql(loop, loop, (), ("c",), {}, None, 10, 11), limits, safety.SqlGate())
+    assert time.monotonic() - started < 5

@@ -6,14 +6,11 @@ that implements them (the `store` fixture's params).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.errors import InvalidParametersError, SqlRejectedError
 from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore, NewCollection
 from iris_rag.techniques.sqlrag.safety import SqlGate, check_sql, select_limits
@@ -30,13 +27,10 @@ from iris_rag.techniques.sqlrag.tables import (
 DIMENSION = 4
 
 
-@pytest.fixture(params=["sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DocumentStore]:
-    """A fresh store of each backend that implements StructuredTableStorage."""
-    assert request.param == "sqlite"
-    opened = SqliteStore(tmp_path / "rag.db")
-    yield opened
-    opened.close()
+@pytest.fixture
+def store(any_store: DocumentStore) -> DocumentStore:
+    """A fresh store of each backend (tests/conftest.py: sqlite and postgres)."""
+    return any_store
 
 
 def storage_of(store: DocumentStore) -> StructuredTableStorage:
