@@ -17,3 +17,7 @@ npm run --silent test:node
 
 echo "== pytest" >&2
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
+
+echo "== the MCP end-to-end suites again, on PostgreSQL (RAG_STORE=postgres)" >&2
+E2E_RAG_STORE=postgres .venv/bin/python -m pytest -p no:cacheprovider "$@" \
+  tests/e2e/test_mcp_server.py tests/e2e/test_http_server.py
