@@ -1,7 +1,13 @@
-"""Rank fusion of a dense and a keyword ranking: pure functions over scores, unit-testable on their own."""
+"""Score and rank fusion: pure functions over scores, unit-testable on their own.
+
+One rule scales every leg, wherever legs are fused (rag_hybrid_ifind's two, rag_crag's three to five): a
+score with a natural zero (BM25: no query term) is divided by the best one, any other (cosines) is min-max
+scaled over the candidates; a leg that did not score a candidate adds 0 for it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -39,7 +45,7 @@ def _ranks(ranking: list[str]) -> dict[str, int]:
     return {chunk_id: rank for rank, chunk_id in enumerate(ranking, start=1)}
 
 
-def min_max(scores: dict[str, float]) -> dict[str, float]:
+def min_max(scores: Mapping[str, float]) -> dict[str, float]:
     """Scale to [0, 1]; all-equal scores become 1 (they are equally the best)."""
     if not scores:
         return {}
@@ -47,6 +53,43 @@ def min_max(scores: dict[str, float]) -> dict[str, float]:
     if high == low:
         return dict.fromkeys(scores, 1.0)
     return {key: (value - low) / (high - low) for key, value in scores.items()}
+
+
+def scaled(scores: Mapping[str, float], *, natural_zero: bool) -> dict[str, float]:
+    """A leg's scores in [0, 1]: divided by the best with a natural zero (BM25), else min-max."""
+    if not natural_zero:
+        return min_max(scores)
+    best = max(scores.values(), default=0.0)
+    return {key: value / best if best > 0 else 0.0 for key, value in scores.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedLeg:
+    """One leg's scores and weight, for weighted_sum."""
+
+    weight: float
+    scores: Mapping[str, float]
+    natural_zero: bool
+
+
+def weighted_sum(
+    legs: Sequence[WeightedLeg], candidates: Collection[str]
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Each candidate's sum of weight x scaled score over the legs, and each leg's scaled scores.
+
+    Scaling is over the candidates' scores only; a leg that did not score a candidate adds 0 (and its
+    scaled score there is 0).
+    """
+    fused = dict.fromkeys(candidates, 0.0)
+    per_leg: list[dict[str, float]] = []
+    for leg in legs:
+        norms = scaled(
+            {c: leg.scores[c] for c in candidates if c in leg.scores}, natural_zero=leg.natural_zero
+        )
+        for candidate in candidates:
+            fused[candidate] += leg.weight * norms.get(candidate, 0.0)
+        per_leg.append(norms)
+    return fused, per_leg
 
 
 def weighted_fusion(
@@ -64,25 +107,28 @@ def weighted_fusion(
     candidates. BM25 has a natural zero (no query term), so keyword scores are divided by the best one;
     a candidate the keyword leg did not return counts 0 there.
     """
-    dense_norm = min_max(dense)
-    best_keyword = max(keyword.values(), default=0.0)
+    candidates = dense.keys() | keyword.keys()
+    totals, (dense_norm, keyword_norm) = weighted_sum(
+        [
+            WeightedLeg(vector_weight, dense, natural_zero=False),
+            WeightedLeg(keyword_weight, keyword, natural_zero=True),
+        ],
+        candidates,
+    )
     dense_ranks, keyword_ranks = _ranks(dense_ranking), _ranks(keyword_ranking)
-    fused = []
-    for chunk_id in dense.keys() | keyword.keys():
-        d_norm = dense_norm.get(chunk_id, 0.0)
-        k_norm = keyword.get(chunk_id, 0.0) / best_keyword if best_keyword > 0 else 0.0
-        fused.append(
-            FusedScore(
-                chunk_id,
-                dense.get(chunk_id),
-                keyword.get(chunk_id),
-                d_norm,
-                k_norm,
-                dense_ranks.get(chunk_id),
-                keyword_ranks.get(chunk_id),
-                vector_weight * d_norm + keyword_weight * k_norm,
-            )
+    fused = [
+        FusedScore(
+            chunk_id,
+            dense.get(chunk_id),
+            keyword.get(chunk_id),
+            dense_norm.get(chunk_id, 0.0),
+            keyword_norm.get(chunk_id, 0.0),
+            dense_ranks.get(chunk_id),
+            keyword_ranks.get(chunk_id),
+            totals[chunk_id],
         )
+        for chunk_id in candidates
+    ]
     return sorted(fused, key=lambda f: (-f.fused_score, f.chunk_id))
 
 
@@ -101,8 +147,7 @@ def reciprocal_rank_fusion(
     With equal weights this is the classic RRF of Cormack et al. (2009); a leg that did not return a
     candidate adds nothing for it.
     """
-    dense_norm = min_max(dense)
-    best_keyword = max(keyword.values(), default=0.0)
+    dense_norm, keyword_norm = scaled(dense, natural_zero=False), scaled(keyword, natural_zero=True)
     dense_ranks, keyword_ranks = _ranks(dense_ranking), _ranks(keyword_ranking)
     fused = []
     for chunk_id in dense.keys() | keyword.keys():
@@ -116,7 +161,7 @@ def reciprocal_rank_fusion(
                 dense.get(chunk_id),
                 keyword.get(chunk_id),
                 dense_norm.get(chunk_id, 0.0),
-                keyword.get(chunk_id, 0.0) / best_keyword if best_keyword > 0 else 0.0,
+                keyword_norm.get(chunk_id, 0.0),
                 d_rank,
                 k_rank,
                 score,

@@ -26,6 +26,7 @@ from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
 from iris_rag.llm import Produced, TechniqueLLM, first_line
 from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
+from iris_rag.retrieval.fusion import WeightedLeg, weighted_sum
 from iris_rag.stores.base import CollectionInfo, KeywordQuery, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.versioned import VersionedCache
@@ -361,26 +362,19 @@ class Candidate:
 
 
 def fuse_legs(legs: list[Leg], candidates: dict[str, Candidate]) -> list[Candidate]:
-    """Weighted sum of normalized leg scores over every candidate, best first (ties by id).
-
-    BM25 has a natural zero, so it is divided by the best score; cosines (and strip cosines) are min-max
-    scaled over the candidates, as rag_hybrid_ifind does. A leg that did not score a candidate adds 0.
-    """
-    for candidate in candidates.values():
-        candidate.fused = 0.0
-    for leg in legs:
-        values = [leg.scores[c] for c in candidates if c in leg.scores]
-        if not values:
-            continue
-        low, high = (0.0, max(values)) if leg.kind == "bm25" else (min(values), max(values))
+    """Weighted sum of scaled leg scores over every candidate (retrieval.fusion), best first (ties by id)."""
+    totals, norms = weighted_sum(
+        [WeightedLeg(leg.weight, leg.scores, natural_zero=leg.kind == "bm25") for leg in legs], candidates
+    )
+    for leg, leg_norms in zip(legs, norms, strict=True):
+        if not leg_norms:
+            continue  # a leg that scored no candidate leaves no trace in the breakdown
         ranks = {chunk_id: rank for rank, chunk_id in enumerate(leg.ranking, start=1)}
         for chunk_id, candidate in candidates.items():
-            raw = leg.scores.get(chunk_id)
-            norm = 0.0 if raw is None else (raw - low) / (high - low) if high > low else 1.0
-            candidate.fused += leg.weight * norm
             candidate.details[f"{leg.name}_rank"] = ranks.get(chunk_id)
-            candidate.details[f"{leg.name}_norm"] = round(norm, 6)
-    for candidate in candidates.values():
+            candidate.details[f"{leg.name}_norm"] = round(leg_norms.get(chunk_id, 0.0), 6)
+    for chunk_id, candidate in candidates.items():
+        candidate.fused = totals[chunk_id]
         candidate.details["fused_score"] = round(candidate.fused, 6)
     return sorted(candidates.values(), key=lambda c: (-c.fused, c.chunk.chunk_id))
 

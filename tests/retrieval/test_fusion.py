@@ -42,3 +42,19 @@ def test_rrf_by_hand() -> None:
         dense, keyword, ["a", "b", "c"], ["c", "b"], vector_weight=1, keyword_weight=0, k=1
     )
     assert [f.chunk_id for f in small_k] == ["a", "b", "c"]
+
+
+def test_weighted_sum_scales_each_leg_over_the_candidates() -> None:
+    """The one rule behind hybrid's and CRAG's fusion: BM25 over the best, cosines min-max."""
+    from iris_rag.retrieval.fusion import WeightedLeg, scaled, weighted_sum
+
+    assert scaled({"a": 2.0, "b": 4.0}, natural_zero=True) == {"a": 0.5, "b": 1.0}
+    assert scaled({"a": 2.0, "b": 4.0}, natural_zero=False) == {"a": 0.0, "b": 1.0}
+    legs = [
+        WeightedLeg(0.5, {"a": 0.9, "b": 0.7, "outside": 0.1}, natural_zero=False),
+        WeightedLeg(0.5, {"b": 6.0, "c": 3.0}, natural_zero=True),
+    ]
+    totals, (cosine, bm25) = weighted_sum(legs, ["a", "b", "c"])
+    assert cosine == {"a": 1.0, "b": 0.0}, "scaled over the candidates only: 'outside' does not count"
+    assert bm25 == {"b": 1.0, "c": 0.5}
+    assert totals == {"a": 0.5, "b": 0.5, "c": 0.25}
