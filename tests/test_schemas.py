@@ -1,6 +1,9 @@
 """One source of truth: the JSON files, the pydantic models and the registry agree."""
 
 import re
+from typing import Any
+
+import pytest
 
 from iris_rag.pipeline import QueryOptions, TechniqueRequest
 from iris_rag.schemas import technique_tools, tool_spec, tool_specs
@@ -66,3 +69,45 @@ def test_not_blank_patterns_read_the_same_in_python_and_javascript() -> None:
         assert pattern.search(char * 3) is None, f"{char!r} counts as text"
     for text in ["a", "\u200bx", "\uff26\uff35\uff2c\uff2c", "\u202eevil\u202c"]:
         assert pattern.search(text), text
+
+
+def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional field's schema as the JSON files write it: absent means None, so no null branch."""
+    branches = [b for b in schema.get("anyOf", []) if b.get("type") != "null"]
+    if len(branches) == 1 and len(schema["anyOf"]) == 2:
+        return {**{k: v for k, v in schema.items() if k != "anyOf"}, **branches[0]}
+    return schema
+
+
+_CONSTRAINTS = (
+    "type",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "enum",
+    "default",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "items",
+)
+
+
+@pytest.mark.parametrize("technique", sorted(PIPELINES))
+def test_technique_params_schema_and_model_agree(technique: str) -> None:
+    """Each technique's technique_params, as the JSON file declares it (what MCP clients see and both the
+    front end and the worker validate) and as its pydantic model parses it, allow exactly the same values."""
+    spec = tool_spec(f"rag_{technique}")
+    assert spec is not None
+    declared = spec["inputSchema"]["properties"]["technique_params"]
+    assert declared["additionalProperties"] is False
+    model = PIPELINES[technique].params_model.model_json_schema()
+    assert set(declared.get("properties", {})) == set(model.get("properties", {})), technique
+    for name, field_schema in declared.get("properties", {}).items():
+        parsed = _without_null(model["properties"][name])
+        for key in _CONSTRAINTS:
+            assert field_schema.get(key) == parsed.get(key), (technique, name, key)

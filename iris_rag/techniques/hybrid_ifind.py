@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.retrieval.fusion import FusedScore, reciprocal_rank_fusion, weighted_fusion
@@ -13,6 +13,9 @@ from iris_rag.stores.base import CollectionInfo, KeywordQuery, KeywordScoring, S
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.versioned import VersionedCache
 from iris_rag.text import query_terms
+
+# A metadata field name (or "title") that keyword_boost_fields may name.
+FIELD_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 
 
 class HybridParams(BaseModel):
@@ -26,9 +29,20 @@ class HybridParams(BaseModel):
     rrf_k: int = Field(60, ge=1, le=1000)
     candidate_pool: int = Field(100, ge=10, le=1000)
     enable_fuzzy_matching: bool = False
-    keyword_boost_fields: tuple[str, ...] = ()
+    keyword_boost_fields: Annotated[
+        tuple[Annotated[str, StringConstraints(pattern=FIELD_NAME)], ...],
+        Field(max_length=10, json_schema_extra={"uniqueItems": True}),
+    ] = ()
     keyword_boost: float = Field(2.0, ge=1, le=10)
     keyword_scoring: KeywordScoring = "flat"
+
+    @field_validator("keyword_boost_fields")
+    @classmethod
+    def _distinct_fields(cls, fields: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(fields)) != len(fields):
+            msg = "keyword_boost_fields names a field twice"
+            raise ValueError(msg)
+        return fields
 
     @model_validator(mode="after")
     def _one_leg_at_least(self) -> HybridParams:

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from iris_rag import access
 from iris_rag.cancellation import check_cancelled
@@ -64,18 +64,39 @@ PASSAGE_CELL_CHARS = 200
 SqlSource = Literal["caller", "llm"]
 
 
+# At least one character that is not whitespace (what the JSON Schema says, in its own regex syntax).
+NOT_BLANK = r"[^\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+TABLE_NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+
+
 class SqlParams(BaseModel):
     """technique_params of rag_sqlrag (schema: schemas/tools/rag_sqlrag.json)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    sql: str | None = Field(None, min_length=1, max_length=MAX_SQL_CHARS)
+    sql: (
+        Annotated[str, StringConstraints(min_length=1, max_length=MAX_SQL_CHARS, pattern=NOT_BLANK)] | None
+    ) = None
     enable_sql_generation: bool = True
     combine_with_vector: bool = True
-    allowed_tables: tuple[str, ...] | None = Field(None, min_length=1, max_length=50)
+    allowed_tables: (
+        Annotated[
+            tuple[Annotated[str, StringConstraints(pattern=TABLE_NAME)], ...],
+            Field(min_length=1, max_length=50),
+        ]
+        | None
+    ) = Field(None, json_schema_extra={"uniqueItems": True})
     max_sql_complexity: Complexity = "moderate"
     max_rows: int = Field(100, ge=1, le=1000)
     timeout_ms: int = Field(2000, ge=50, le=10_000)
+
+    @field_validator("allowed_tables")
+    @classmethod
+    def _distinct_tables(cls, tables: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if tables is not None and len(set(tables)) != len(tables):
+            msg = "allowed_tables names a table twice"
+            raise ValueError(msg)
+        return tables
 
     @model_validator(mode="after")
     def _sql_is_not_blank(self) -> SqlParams:
