@@ -145,3 +145,15 @@ def test_llm_health_without_an_llm_is_healthy_and_probes_nothing(service: RagSer
     llm = service.health_check({"include_details": True})["components"]["llm_service"]
     assert llm["status"] == "healthy" and llm["details"]["probed"] is False
     assert llm["error_message"] is None
+
+
+def test_a_tool_is_listed_exactly_when_a_handler_serves_it(service: RagService) -> None:
+    """The tool table (schemas) and the handler table (service.methods) name the same bridge methods."""
+    from iris_rag.schemas import served_tool_specs
+
+    listed = served_tool_specs(service.pipelines)
+    methods = {spec["bridge"]["method"] for spec in listed}
+    assert methods == set(service.methods()), "every listed tool has a handler, every handler a tool"
+    techniques = {spec["bridge"]["technique"] for spec in listed if "technique" in spec["bridge"]}
+    assert techniques == set(service.pipelines)
+    assert {spec["name"] for spec in service.describe()["tools"]} == {spec["name"] for spec in listed}
