@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from iris_rag.access import current_principal
-from iris_rag.stores.base import CallRecord, DocumentStore
+from iris_rag.stores.base import CallLog, CallRecord
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class Monitor:
     wait for an ingest's write lock) and still count every call.
     """
 
-    def __init__(self, store: DocumentStore) -> None:
+    def __init__(self, store: CallLog) -> None:
         self.store = store
         self.started_at = time.time()
         self._pending: queue.Queue[tuple[int, CallRecord]] = queue.Queue()

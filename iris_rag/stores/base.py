@@ -143,18 +143,9 @@ class CallRecord:
     principal: str | None = None  # the HTTP caller's id; None for the local user (stdio, CLI)
 
 
-class DocumentStore(Protocol):
-    """What pipelines, ingestion and the monitor need from a store."""
+class Collections(Protocol):
+    """The collections of a store."""
 
-    backend_name: str
-
-    def ping(self) -> None:
-        """Run a trivial query; raise if the store is unreachable."""
-
-    def close(self) -> None:
-        """Release connections."""
-
-    # Collections
     def get_collection(self, collection_id: str) -> CollectionInfo | None:
         """The collection with counts, or None."""
 
@@ -164,7 +155,10 @@ class DocumentStore(Protocol):
     def list_collections(self) -> list[CollectionInfo]:
         """Every collection with counts."""
 
-    # Documents
+
+class Documents(Protocol):
+    """Documents and their chunks; every write is one transaction with every technique's rows."""
+
     def upsert_documents(
         self,
         collection_id: str,
@@ -202,12 +196,24 @@ class DocumentStore(Protocol):
     def get_chunks(self, collection_id: str, chunk_ids: list[str]) -> list[StoredChunk]:
         """Chunks by id, in the order asked (unknown ids are skipped)."""
 
-    # Search
     def data_version(self, collection_id: str) -> int:
         """The collection's data version, moved on by every write or delete of its documents (any process).
 
         Caches of derived state (stores.versioned) key on it; reading it is one cheap query.
         """
+
+    def matching_document_ids(self, collection_id: str, metadata_filter: MetadataFilter) -> set[str]:
+        """Ids of the documents whose metadata passes the filter."""
+
+    def unknown_fields(self, collection_id: str, fields: list[str]) -> list[str]:
+        """The fields no document of the collection has in its metadata."""
+
+    def chunk_count(self, collection_id: str) -> int:
+        """How many chunks a search over the collection considers."""
+
+
+class DenseSearch(Protocol):
+    """Cosine search over the chunks' vectors."""
 
     def vector_search(
         self,
@@ -226,6 +232,10 @@ class DocumentStore(Protocol):
     ) -> dict[str, float]:
         """Exact cosine similarity of the given chunks."""
 
+
+class KeywordSearch(Protocol):
+    """BM25 over the chunks' terms; queries are data (KeywordQuery) each backend compiles."""
+
     def keyword_search(
         self,
         collection_id: str,
@@ -238,28 +248,37 @@ class DocumentStore(Protocol):
     def term_document_counts(self, collection_id: str) -> dict[str, int]:
         """The keyword index's (stemmed) terms with how many chunks hold each."""
 
-    def matching_document_ids(self, collection_id: str, metadata_filter: MetadataFilter) -> set[str]:
-        """Ids of the documents whose metadata passes the filter."""
 
-    def unknown_fields(self, collection_id: str, fields: list[str]) -> list[str]:
-        """The fields no document of the collection has in its metadata."""
+class EmbeddingCache(Protocol):
+    """Vectors remembered by the hash of the text they encode, per model."""
 
-    def chunk_count(self, collection_id: str) -> int:
-        """How many chunks a search over the collection considers."""
-
-    # Embedding cache
     def cached_embeddings(self, model: str, text_hashes: list[bytes]) -> dict[bytes, npt.NDArray[np.float32]]:
         """The cached vectors among the given text hashes."""
 
     def cache_embeddings(self, model: str, items: list[tuple[bytes, npt.NDArray[np.float32]]]) -> None:
         """Remember vectors by text hash."""
 
-    # Monitoring
+
+class CallLog(Protocol):
+    """The monitor's call records."""
+
     def record_call(self, record: CallRecord) -> None:
         """Append one call record."""
 
     def calls_since(self, since: float) -> list[CallRecord]:
         """Every call record at or after a UNIX time."""
+
+
+class DocumentStore(Collections, Documents, DenseSearch, KeywordSearch, EmbeddingCache, CallLog, Protocol):
+    """A whole store: what the service hands pipelines and ingestion (each part above is its own contract)."""
+
+    backend_name: str
+
+    def ping(self) -> None:
+        """Run a trivial query; raise if the store is unreachable."""
+
+    def close(self) -> None:
+        """Release connections."""
 
     def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details."""
