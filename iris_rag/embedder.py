@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import ctypes.util
 import functools
@@ -134,8 +135,13 @@ class Embedder:
         self._batch_threads = 0
         self._last_query = float("-inf")  # when a query's encode last ran (monotonic clock)
         self._ready = threading.Event()
-        # Every model call runs on this one thread; queries' encodes go ahead of bulk slices.
+        # Bulk work (ingest, index building) runs on this thread, in slices, behind any urgent task.
         self._encode_thread = EncodeQueue("encode")
+        # Queries' encodes run on a thread of their own, with a copy of the model (its own tokenizer, whose
+        # state is per call), so a query never waits for a bulk slice to finish: on the 2-core VM that
+        # wait was most of rag_basic's time during an ingest (docs/benchmarks.md, issue 11).
+        self._query_thread = EncodeQueue("encode-query")
+        self._query_model: Any = None
         self.bulk_slice_chars = BULK_SLICE_CHARS
         self.bulk_slices_run = 0  # slices of bulk work done so far (for health details and tests)
 
@@ -176,6 +182,9 @@ class Embedder:
             logger.exception("embedding model %s failed to load", self.model_name)
         finally:
             self._ready.set()
+        if self.state == "ready":
+            # After ready, so the first answer does not wait for it; until then queries use the main copy.
+            self._query_model = copy.deepcopy(self._model)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the model is loaded; raise if loading failed."""
@@ -228,7 +237,8 @@ class Embedder:
                 show_progress_bar=progress,
             )
 
-        vectors = self._encode_thread.submit(Priority.URGENT, run, self._model).result()
+        # Query-time work (at most one slice of text): beside bulk work, not behind it.
+        vectors = self._submit_single(run).result()
         result: Vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         return result
 
@@ -287,9 +297,20 @@ class Embedder:
         return self.encode_query_async(query).result()
 
     def encode_query_async(self, query: str) -> Future[npt.NDArray[np.float32]]:
-        """Start embedding one query on the encode thread; the caller does other work (SQL) meanwhile."""
+        """Start embedding one query on the query thread; the caller does other work (SQL) meanwhile."""
         self.wait_ready()
-        return self._encode_thread.submit(Priority.URGENT, self._encode_one, query)
+        return self._submit_single(self._encode_one, query)
+
+    def _submit_single(self, task: Callable[..., _T], *args: Any) -> Future[_T]:
+        """Run task(model, *args), query-time work, beside bulk work rather than behind it.
+
+        On the query thread with its own model copy once that exists, else on the encode thread, ahead of
+        bulk slices.
+        """
+        query_model = self._query_model
+        if query_model is not None:
+            return self._query_thread.submit(Priority.URGENT, task, query_model, *args)
+        return self._encode_thread.submit(Priority.URGENT, task, self._model, *args)
 
     def run_with_model(self, task: Callable[[Any], _T], *, single: bool = False) -> Future[_T]:
         """Run a task with the loaded sentence-transformers model on the encode thread (token-level use).
@@ -302,6 +323,8 @@ class Embedder:
             self._use_threads(single=single)
             return task(model)
 
+        if single:
+            return self._submit_single(run)
         return self._encode_thread.submit(Priority.URGENT, run, self._model)
 
     def word_piece_counts(self, texts: list[str]) -> list[int]:
@@ -342,9 +365,9 @@ class Embedder:
         if wanted and torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
 
-    def _encode_one(self, query: str) -> npt.NDArray[np.float32]:
+    def _encode_one(self, model: Any, query: str) -> npt.NDArray[np.float32]:
         self._use_threads(single=True)
-        vectors = self._model.encode(
+        vectors = model.encode(
             [query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
         vector: npt.NDArray[np.float32] = np.ascontiguousarray(vectors[0], dtype=np.float32)

@@ -102,3 +102,27 @@ def test_bulk_work_leaves_a_core_to_queries_only_while_they_arrive(
     assert threads_per_slice() == [every_core - 1, every_core - 1], "a query just ran: one core left free"
     monkeypatch.setattr(embedder_module, "QUERY_WINDOW_S", 0.0)
     assert threads_per_slice() == [every_core, every_core], "past the window: every core again"
+
+
+def test_a_query_encode_does_not_wait_for_the_running_bulk_slice(embedder: Embedder) -> None:
+    """Queries encode on a thread and model copy of their own: a bulk slice that is still running (here
+    one that blocks until told) does not hold them up, where the shared encode thread made them wait."""
+    embedder.encode_query("load the query copy of the model first")
+    started, release = threading.Event(), threading.Event()
+
+    def blocking_slice(_model: object, part: list[str]) -> list[str]:
+        started.set()
+        assert release.wait(60), "never released"
+        return part
+
+    bulk = threading.Thread(target=lambda: embedder.map_bulk(blocking_slice, ["x"], cost=len))
+    bulk.start()
+    try:
+        assert started.wait(60)
+        # Behind the blocked slice this would never finish: the slice only ends after the query.
+        vector = embedder.encode_query_async("insulin and diabetes").result(timeout=30)
+        assert vector.shape == (embedder.dimension,)
+        assert not release.is_set(), "the query finished while the bulk slice was still running"
+    finally:
+        release.set()
+        bulk.join(60)
