@@ -111,14 +111,27 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def _backend_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    """Settings for the backend the fixture is parametrized with (postgres: a fresh database)."""
+    settings: dict[str, Any] = {"RAG_DATA_DIR": tmp_path, "RAG_STORE": request.param}
+    if request.param == "postgres":
+        settings["RAG_POSTGRES_URL"] = request.getfixturevalue("postgres_url")
+    return Settings(**settings)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A fresh store of each backend (postgres: a fresh database on the session's server)."""
     from iris_rag.backends import create_store
 
-    settings: dict[str, Any] = {"RAG_DATA_DIR": tmp_path, "RAG_STORE": request.param}
-    if request.param == "postgres":
-        settings["RAG_POSTGRES_URL"] = request.getfixturevalue("postgres_url")
-    made = create_store(Settings(**settings))
+    made = create_store(_backend_settings(request, tmp_path))
     yield made
     made.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_service(request: pytest.FixtureRequest, tmp_path: Path, embedder: Embedder) -> Iterator[RagService]:
+    """A service on a fresh store of each backend, with the shared model."""
+    rag = RagService(_backend_settings(request, tmp_path), embedder=embedder)
+    yield rag
+    rag.close()

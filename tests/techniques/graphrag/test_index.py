@@ -23,6 +23,7 @@ from iris_rag.techniques.graphrag.extraction import (
     is_gene_like,
     parse_llm_graph,
 )
+from iris_rag.techniques.graphrag.storage import KnowledgeGraphStorage
 from tests.fake_openai import FakeOpenAIServer
 
 
@@ -142,26 +143,30 @@ def _rows(service: RagService, sql: str, *args: Any) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in sqlite_connection(service.store).execute(sql, args).fetchall()]
 
 
+def _graph(service: RagService) -> KnowledgeGraphStorage:
+    return service.store.technique_storage(KnowledgeGraphStorage)
+
+
+def _entity_ids(service: RagService, collection: str = "kg") -> dict[str, int]:
+    """Entity key -> id, read through the storage contract (so on either backend)."""
+    return {e.row.key: e.row.id for e in _graph(service).entities(collection, min_documents=1)}
+
+
 def _entity_names(service: RagService, collection: str = "kg") -> set[str]:
-    return {r[0] for r in _rows(service, "SELECT key FROM kg_entities WHERE collection_id = ?", collection)}
+    return set(_entity_ids(service, collection))
 
 
 def _relation(service: RagService, a: str, b: str) -> tuple[int, list[str]] | None:
     """Weight and evidence chunks of the co_occurs relation between two entity keys."""
-    rows = _rows(
-        service,
-        """SELECT r.id, r.weight FROM kg_relations r
-           JOIN kg_entities s ON s.id = r.source_id JOIN kg_entities t ON t.id = r.target_id
-           WHERE r.collection_id = 'kg' AND s.key = ? AND t.key = ?""",
-        *sorted((a, b)),
-    )
-    if not rows:
+    ids = _entity_ids(service)
+    if a not in ids or b not in ids:
         return None
-    relation_id, weight = rows[0]
-    chunks = [
-        r[0] for r in _rows(service, "SELECT chunk_id FROM kg_evidence WHERE relation_id = ?", relation_id)
-    ]
-    return weight, sorted(chunks)
+    ends = {ids[a], ids[b]}
+    graph = _graph(service)
+    found = [r for r in graph.relations_of("kg", list(ends)) if {r.source_id, r.target_id} == ends]
+    if not found:
+        return None
+    return found[0].weight, sorted(e.chunk_id for e in graph.evidence_of([found[0].id]))
 
 
 DOCS = [
@@ -178,18 +183,19 @@ DOCS = [
 ]
 
 
-def test_rows_follow_documents_through_ingest_replace_and_delete(service: RagService) -> None:
+def test_rows_follow_documents_through_ingest_replace_and_delete(any_service: RagService) -> None:
+    service = any_service
     service.ingest({"collection_id": "kg", "documents": DOCS})
     # Mentions point at their chunk and offsets in the field they are in.
-    for document_id, chunk_id, text_field, start, end, key in _rows(
-        service,
-        """SELECT m.document_id, m.chunk_id, m.field, m.start_char, m.end_char, e.key
-           FROM kg_mentions m JOIN kg_entities e ON e.id = m.entity_id WHERE m.collection_id = 'kg'""",
-    ):
-        document = service.store.get_document("kg", document_id)
-        assert document is not None and chunk_id == f"{document_id}#0"
-        text = document.title if text_field == "title" else document.content
-        assert entity_key(text[start:end]) == key or key == "tumor necrosis factor"
+    keys = {i: k for k, i in _entity_ids(service).items()}
+    for mention in _graph(service).mentions_of(list(keys)):
+        document = service.store.get_document("kg", mention.document_id)
+        assert document is not None and mention.chunk_id == f"{mention.document_id}#0"
+        text = document.title if mention.field == "title" else document.content
+        key = keys[mention.entity_id]
+        assert (
+            entity_key(text[mention.start_char : mention.end_char]) == key or key == "tumor necrosis factor"
+        )
     # TNF is defined in a and only used in b: one entity for both.
     assert "tnf" not in _entity_names(service)
     # leptin and obesity share one sentence in a and one in b; TNF and obesity the title and two sentences
@@ -202,7 +208,8 @@ def test_rows_follow_documents_through_ingest_replace_and_delete(service: RagSer
     assert _relation(service, "leptin", "obesity") == (1, ["a#0"])
     assert _relation(service, "obesity", "tumor necrosis factor") == (3, ["a#0"])
     assert "satiety hormone" not in _entity_names(service)
-    assert _rows(service, "SELECT COUNT(*) FROM kg_mentions WHERE document_id = 'b'") == [(0,)]
+    ids = list(_entity_ids(service).values())
+    assert {m.document_id for m in _graph(service).mentions_of(ids)} == {"a"}
 
     # Replacing a with a text about something else removes every relation it alone supported.
     service.ingest(
@@ -210,13 +217,11 @@ def test_rows_follow_documents_through_ingest_replace_and_delete(service: RagSer
     )
     assert _relation(service, "leptin", "obesity") is None
     assert "obesity" not in _entity_names(service)
-    assert _rows(service, "SELECT COUNT(*) FROM kg_relations WHERE collection_id = 'kg' AND weight <= 0") == [
-        (0,)
-    ]
-    entity_counts = _rows(
-        service, "SELECT key, mention_count, document_count FROM kg_entities WHERE collection_id = 'kg'"
-    )
-    assert entity_counts and all(m >= 1 and d == 1 for _, m, d in entity_counts)
+    ids = list(_entity_ids(service).values())
+    assert all(r.weight > 0 for r in _graph(service).relations_of("kg", ids))
+    entities = _graph(service).entities("kg", min_documents=1)
+    assert entities and all(e.row.mention_count >= 1 and e.row.document_count == 1 for e in entities)
+    assert _graph(service).indexed_documents("kg") == 1
 
 
 def test_an_abbreviation_defined_in_an_earlier_ingest_resolves_later_uses(service: RagService) -> None:

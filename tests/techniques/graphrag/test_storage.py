@@ -22,14 +22,16 @@ def store(any_store: DocumentStore) -> DocumentStore:
     return any_store
 
 
-def _document(graph: KnowledgeGraphStorage, document_id: str, keys: list[str]) -> dict[str, int]:
+def _document(
+    graph: KnowledgeGraphStorage, document_id: str, keys: list[str], collection_id: str = "c"
+) -> dict[str, int]:
     """Write one document mentioning the keys, with a co_occurs relation between the first two."""
-    entities = graph.ensure_entities("c", {k: (k.upper(), "concept") for k in keys})
+    entities = graph.ensure_entities(collection_id, {k: (k.upper(), "concept") for k in keys})
     ids = {e.key: e.id for e in entities}
     a, b = ids[keys[0]], ids[keys[1]]
     evidence = [NewEvidence(document_id, f"{document_id}#0", 1, "content", 0, 10)]
     graph.add(
-        "c",
+        collection_id,
         GraphWrite(
             mentions=[MentionRow(ids[k], document_id, f"{document_id}#0", "content", 0, 3) for k in keys],
             counts={ids[k]: (1, 1) for k in keys},
@@ -74,3 +76,31 @@ def test_write_read_and_delete_keep_counts_in_step(store: DocumentStore) -> None
     record = graph.graph_record("c")
     assert record is not None and record.version == 2 and record.updated_at == "2026-01-02T00:00:00"
     assert graph.graph_record("other") is None
+
+
+def test_whole_graph_reads_and_collections_stay_apart(store: DocumentStore) -> None:
+    """The reads that load a collection's whole graph, and a delete that stays inside its collection."""
+    graph = store.technique_storage(KnowledgeGraphStorage)
+    ids = _document(graph, "d1", ["alpha", "beta", "gamma"])
+    other = _document(graph, "d1", ["alpha", "beta"], collection_id="other")
+    assert not set(ids.values()) & set(other.values()), "entities are per collection"
+    a, b = ids["alpha"], ids["beta"]
+    assert graph.relation_ends("c") == [(min(a, b), max(a, b))]
+    assert graph.entity_aliases("c") == [("X", a)]
+    assert graph.aliases_of(a) == ["X"] and graph.aliases_of(b) == []
+
+    graph.record("c", "llm", "model-1", "2026-01-01T00:00:00")
+    graph.record("c", "rules", None, "2026-01-02T00:00:00")
+    graph.record("other", "rules", None, "2026-01-01T00:00:00")
+    assert [(c, r.extractor, r.llm_model) for c, r in graph.collections()] == [
+        ("c", "rules", "model-1"),
+        ("other", "rules", None),
+    ], "a record without a model keeps the one before"
+
+    assert graph.delete_document("c", "d1")
+    assert graph.counts("c") == {"documents": 0, "entities": 0, "mentions": 0, "relations": 0}
+    assert graph.relation_ends("c") == [] and graph.entity_aliases("c") == []
+    assert graph.aliases_of(a) == [] and graph.mentions_of(list(ids.values())) == []
+    assert graph.counts("other") == {"documents": 1, "entities": 2, "mentions": 2, "relations": 1}
+    assert graph.entity_aliases("other") == [("X", other["alpha"])]
+    assert {m.document_id for m in graph.mentions_of([other["alpha"]])} == {"d1"}

@@ -4,6 +4,7 @@ import sqlite3
 from typing import Any
 
 import numpy as np
+import psycopg
 import pytest
 
 from iris_rag.backends.sqlite.store import SqliteStore
@@ -150,15 +151,10 @@ def test_key_sentence_is_the_leaf_nearest_the_centroid() -> None:
     assert nodes[0].key_sentence_id is not None
 
 
-def _rows(store: SqliteStore, collection: str = "docs") -> dict[str, tuple[int, int]]:
-    connection: sqlite3.Connection = store.connection()
-    return {
-        row[0]: (row[1], row[2])
-        for row in connection.execute(
-            "SELECT document_id, nodes, leaves FROM node_tree_documents WHERE collection_id = ?",
-            (collection,),
-        )
-    }
+def _rows(service: RagService, document_ids: list[str]) -> dict[str, tuple[int, int]]:
+    """Document -> (nodes, leaves) of the trees stored for the asked ids, through the storage contract."""
+    trees = _index(service).document_trees("docs", document_ids)
+    return {document_id: (len(tree.nodes), len(tree.vectors)) for document_id, tree in trees.items()}
 
 
 def _index(service: RagService) -> NodeTreeIndex:
@@ -167,16 +163,16 @@ def _index(service: RagService) -> NodeTreeIndex:
     return index
 
 
-def test_index_follows_ingest_replace_and_delete(service: RagService) -> None:
+def test_index_follows_ingest_replace_and_delete(any_service: RagService) -> None:
     documents: list[dict[str, Any]] = [
         {"id": "md", "title": "Aspirin", "content": MARKDOWN},
         {"id": "plain", "title": "Volcanoes", "content": PLAIN},
     ]
+    service = any_service
     service.ingest({"collection_id": "docs", "documents": documents})
     store = service.store
-    assert isinstance(store, SqliteStore)
     index = _index(service)
-    assert _rows(store) == {"md": (19, 8), "plain": (12, 5)}
+    assert _rows(service, ["md", "plain"]) == {"md": (19, 8), "plain": (12, 5)}
     assert index.indexed_documents("docs") == 2
     collection = store.get_collection("docs")
     assert collection is not None
@@ -188,15 +184,16 @@ def test_index_follows_ingest_replace_and_delete(service: RagService) -> None:
     assert stored.vectors.shape == (8, 384)
 
     service.ingest({"collection_id": "docs", "documents": [{"id": "plain", "content": "Only one sentence."}]})
-    assert _rows(store) == {"md": (19, 8), "plain": (4, 1)}, "replacing a document replaces its nodes"
+    assert _rows(service, ["md", "plain"]) == {"md": (19, 8), "plain": (4, 1)}, (
+        "replacing a document replaces its nodes"
+    )
     collection = store.get_collection("docs")
     assert collection is not None
     refreshed = index.leaf_matrix("docs", collection.version)
     assert refreshed is not matrix and refreshed.matrix.shape == (9, 384)
 
     assert store.delete_document("docs", "md")
-    assert _rows(store) == {"plain": (4, 1)}
-    assert store.connection().execute("SELECT COUNT(*) FROM node_tree_nodes").fetchone()[0] == 4
+    assert _rows(service, ["md", "plain"]) == {"plain": (4, 1)}
     assert index.indexed_documents("docs") == 1
     stats = store.stats()["technique_indexes"]["node_tree"]
     assert (stats["documents"], stats["nodes"], stats["leaves"]) == (1, 4, 1)
@@ -219,20 +216,20 @@ def test_reindex_reuses_cached_leaf_vectors(service: RagService) -> None:
     )
 
 
-def test_a_failed_ingest_leaves_the_tree_untouched(service: RagService) -> None:
+def test_a_failed_ingest_leaves_the_tree_untouched(any_service: RagService) -> None:
+    service = any_service
     service.ingest(
         {"collection_id": "docs", "documents": [{"id": "md", "title": "Aspirin", "content": MARKDOWN}]}
     )
     store = service.store
-    assert isinstance(store, SqliteStore)
     index = _index(service)
     prepared = index.prepare("docs", [])
     assert prepared == []
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises((sqlite3.IntegrityError, psycopg.IntegrityError)):
         # Writing the same document's nodes twice in one transaction violates the primary key: all rolls back.
         tree = index.prepare("docs", [_input("x")])
         store.upsert_documents("docs", [_input("x")], {"node_tree": tree + tree})
-    assert _rows(store) == {"md": (19, 8)}
+    assert _rows(service, ["md", "x"]) == {"md": (19, 8)}
     assert store.get_document("docs", "x") is None
 
 

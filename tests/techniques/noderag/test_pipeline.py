@@ -42,11 +42,21 @@ DOSE = "What daily dose of aspirin should be taken?"
 STROKE = "Does aspirin lower the risk of stroke?"
 
 
-@pytest.fixture
-def node_service(service: RagService) -> RagService:
+def _ingest_guide(service: RagService) -> RagService:
     result = service.ingest({"collection_id": "docs", "documents": [GUIDE_DOC, *DOCUMENTS]})
     assert result["ingested_count"] == 4
     return service
+
+
+@pytest.fixture
+def node_service(service: RagService) -> RagService:
+    return _ingest_guide(service)
+
+
+@pytest.fixture
+def any_node_service(any_service: RagService) -> RagService:
+    """The guide and DOCUMENTS on each backend."""
+    return _ingest_guide(any_service)
 
 
 def noderag(
@@ -70,8 +80,8 @@ def context_roles(document: dict[str, Any]) -> dict[str, str]:
     return {c["label"]: c["role"] for c in document["score_details"]["context_nodes"]}
 
 
-def test_result_carries_node_path_context_and_a_chunk(node_service: RagService) -> None:
-    result = noderag(node_service, DOSE, top_k=3)
+def test_result_carries_node_path_context_and_a_chunk(any_node_service: RagService) -> None:
+    result = noderag(any_node_service, DOSE, top_k=3)
     assert result["answer"] is None and result["metadata"]["answer_source"] == "none"
     first = top(result)
     details = first["score_details"]
@@ -336,21 +346,21 @@ def test_generate_writes_an_answer_from_the_contexts(node_service: RagService) -
     assert evidence["answer"] is None and evidence["retrieved_documents"]
 
 
-def test_index_follows_replace_and_delete_in_retrieval(node_service: RagService) -> None:
-    assert top(noderag(node_service, "why does sourdough rise", top_k=1))["id"] == "sourdough"
-    node_service.ingest(
+def test_index_follows_replace_and_delete_in_retrieval(any_node_service: RagService) -> None:
+    assert top(noderag(any_node_service, "why does sourdough rise", top_k=1))["id"] == "sourdough"
+    any_node_service.ingest(
         {
             "collection_id": "docs",
             "documents": [{"id": "sourdough", "content": "Rye crackers are baked flat and dry."}],
         }
     )
-    replaced = noderag(node_service, "rye crackers", top_k=1)
+    replaced = noderag(any_node_service, "rye crackers", top_k=1)
     assert (
         top(replaced)["id"] == "sourdough"
         and top(replaced)["content"] == "Rye crackers are baked flat and dry."
     )
-    assert node_service.store.delete_document("docs", "sourdough")
-    after = noderag(node_service, "rye crackers", top_k=5)
+    assert any_node_service.store.delete_document("docs", "sourdough")
+    after = noderag(any_node_service, "rye crackers", top_k=5)
     assert "sourdough" not in {d["id"] for d in after["retrieved_documents"]}
     assert after["metadata"]["technique_specific"]["leaf_nodes_searched"] == LEAVES - 2
 
