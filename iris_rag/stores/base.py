@@ -7,6 +7,7 @@ technique declares (technique_storage).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -273,6 +274,13 @@ class DocumentStore(Collections, Documents, DenseSearch, KeywordSearch, Embeddin
     """A whole store: what the service hands pipelines and ingestion (each part above is its own contract)."""
 
     backend_name: str
+
+    def transaction(self) -> AbstractContextManager[object]:
+        """One write transaction: every store write inside it commits together or not at all.
+
+        Writes open one of their own when none is open (upsert_documents, delete_document); inside one
+        they join it, technique storage included.
+        """
 
     def ping(self) -> None:
         """Run a trivial query; raise if the store is unreachable."""

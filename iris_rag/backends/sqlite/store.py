@@ -290,7 +290,8 @@ class SqliteStore:
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
-        self._write_lock = threading.Lock()
+        # Re-entrant: opening the store holds it while migrations open write transactions of their own.
+        self._write_lock = threading.RLock()
         self._indexes: VersionedCache[_VectorIndex] = VersionedCache()
         self._technique_indexes: list[TechniqueIndex] = []
         self._technique_storage: dict[type[Any], object] = {}
@@ -315,21 +316,12 @@ class SqliteStore:
         collections = [row[0] for row in connection.execute("SELECT id FROM collections ORDER BY id")]
         for collection_id in collections:
             if not _has_keyword_tables(connection, collection_id):
-                self._build_in_transaction(connection, collection_id)
+                with self.write_transaction() as writing:
+                    self._ensure_keyword_tables(writing, collection_id)
             self._keyword_ready.add(collection_id)
         if connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'chunks_fts'").fetchone():
             connection.execute("DROP TABLE IF EXISTS chunks_fts")
             logger.info("dropped the version 1 keyword table (chunks_fts)")
-
-    def _build_in_transaction(self, connection: sqlite3.Connection, collection_id: str) -> None:
-        """The collection's keyword tables if missing, in a write transaction of their own."""
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            self._ensure_keyword_tables(connection, collection_id)
-            connection.execute("COMMIT")
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
 
     def _ensure_keyword_tables(self, connection: sqlite3.Connection, collection_id: str) -> None:
         """Build the collection's keyword tables if any is missing (a collection from an earlier version).
@@ -349,13 +341,13 @@ class SqliteStore:
             return
         connection = self._connection()
         if not _has_keyword_tables(connection, collection_id):
-            with self._write_lock:
-                exists = connection.execute(
+            with self.write_transaction() as writing:
+                exists = writing.execute(
                     "SELECT 1 FROM collections WHERE id = ?", (collection_id,)
                 ).fetchone()
                 if exists is None:
                     return
-                self._build_in_transaction(connection, collection_id)
+                self._ensure_keyword_tables(writing, collection_id)
         self._keyword_ready.add(collection_id)
 
     # Connections: one per thread, so concurrent readers never share a cursor (WAL lets them run together).
@@ -423,6 +415,12 @@ class SqliteStore:
             except BaseException:
                 connection.execute("ROLLBACK")
                 raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """The contract's transaction: write_transaction() without handing out the connection."""
+        with self.write_transaction():
+            yield
 
     def ping(self) -> None:
         """Run a trivial query."""

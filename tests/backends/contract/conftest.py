@@ -48,8 +48,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return Backend("sqlite", {"RAG_DATA_DIR": data_dir}, ann_rows=2_000, min_recall=1.0)
     url: str = request.getfixturevalue("postgres_url")
     env = {"RAG_DATA_DIR": data_dir, "RAG_STORE": "postgres", "RAG_POSTGRES_URL": url}
-    # A service on Postgres serves the techniques whose rows it can store so far (no technique storage yet).
-    env["RAG_TECHNIQUES"] = "basic,hyde,hybrid_ifind,crag"
     return Backend("postgres", env, ann_rows=5_000, min_recall=0.95)  # past EXACT_SEARCH_MAX_CHUNKS: HNSW
 
 

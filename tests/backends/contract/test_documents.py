@@ -178,6 +178,21 @@ def test_a_failed_first_ingest_leaves_no_collection(store: DocumentStore) -> Non
     assert info is not None and (info.embedding_model, info.dimension, info.document_count) == (MODEL, DIM, 1)
 
 
+def test_writes_inside_one_transaction_commit_together_or_not_at_all(store: DocumentStore) -> None:
+    new_collection(store)
+    with pytest.raises(RuntimeError, match="after both writes"), store.transaction():
+        store.upsert_documents("c", [document("a", ["alpha"])])
+        store.upsert_documents("c", [document("b", ["beta"])])
+        raise RuntimeError("after both writes")
+    assert store.document_ids("c") == []
+    with store.transaction():
+        store.upsert_documents("c", [document("a", ["alpha"])])
+        store.delete_document("c", "a")
+        store.upsert_documents("c", [document("b", ["beta"])])
+    assert store.document_ids("c") == ["b"]
+    assert keyword_ids(store, "beta") == ["b#0"] and keyword_ids(store, "alpha") == []
+
+
 def test_new_collection_leaves_an_existing_collection_as_it_was(store: DocumentStore) -> None:
     new_collection(store)
     store.upsert_documents("c", [document("a", ["alpha"])], new_collection=NewCollection("other", 3))
