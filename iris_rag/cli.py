@@ -108,6 +108,25 @@ def cmd_reindex(args: argparse.Namespace, service: RagService) -> int:
     return 0
 
 
+def cmd_documents(args: argparse.Namespace, service: RagService) -> int:
+    """List a collection's documents (rag_list_documents), one page."""
+    arguments = {"collection_id": args.collection, "limit": args.limit, "cursor": str(args.offset)}
+    print(orjson.dumps(service.list_documents(arguments), option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace, service: RagService) -> int:
+    """Delete documents by id or by metadata filter (rag_delete_documents)."""
+    arguments: dict[str, object] = {"collection_id": args.collection}
+    if args.filter is not None:
+        arguments["filter"] = orjson.loads(args.filter)
+    if args.ids:
+        arguments["document_ids"] = args.ids
+    result = service.delete_documents(arguments)
+    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
 def cmd_health(args: argparse.Namespace, service: RagService) -> int:
     """Print the health report; exit 1 when unhealthy (a container HEALTHCHECK)."""
     if args.quick:
@@ -206,6 +225,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reindex.add_argument("--collection", required=True)
     reindex.set_defaults(handler=cmd_reindex)
+
+    documents = commands.add_parser("documents", help="list a collection's documents, a page at a time")
+    documents.add_argument("--collection", required=True)
+    documents.add_argument("--limit", type=int, default=50)
+    documents.add_argument("--offset", type=int, default=0, help="documents to skip (next_cursor of a page)")
+    documents.set_defaults(handler=cmd_documents)
+
+    delete = commands.add_parser(
+        "delete", help="delete documents by id, or every one a metadata filter matches"
+    )
+    delete.add_argument("ids", nargs="*", help="document ids")
+    delete.add_argument("--collection", required=True)
+    delete.add_argument(
+        "--filter", default=None, help='metadata filter as JSON, e.g. \'{"year": {"lt": 2000}}\''
+    )
+    delete.set_defaults(handler=cmd_delete)
 
     health = commands.add_parser("health", help="check the store and the model; exit 1 when unhealthy")
     health.add_argument("--quick", action="store_true", help="skip loading the model (for container checks)")

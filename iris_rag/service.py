@@ -11,8 +11,14 @@ from typing import Any
 
 from iris_rag import __version__, access
 from iris_rag.backends import create_store
+from iris_rag.cancellation import check_cancelled
 from iris_rag.embedder import Embedder
-from iris_rag.errors import CollectionNotFoundError, DocumentNotFoundError, PipelineNotFoundError
+from iris_rag.errors import (
+    CollectionNotFoundError,
+    DocumentNotFoundError,
+    InvalidParametersError,
+    PipelineNotFoundError,
+)
 from iris_rag.generation import create_generator
 from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
@@ -21,6 +27,8 @@ from iris_rag.monitor import Monitor
 from iris_rag.pipeline import Pipeline, PipelineContext, TechniqueRequest
 from iris_rag.schemas import served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
+from iris_rag.stores.base import CollectionInfo
+from iris_rag.stores.filters import parse_filters
 from iris_rag.techniques.registry import PIPELINES
 from iris_rag.validation import validate_arguments
 
@@ -119,6 +127,8 @@ class RagService:
             "ingest": self.ingest,
             "list_collections": self.list_collections,
             "get_document": self.get_document,
+            "list_documents": self.list_documents,
+            "delete_documents": self.delete_documents,
             "health_check": self.health_check,
             "metrics": self.metrics,
         }
@@ -237,6 +247,73 @@ class RagService:
                 for c in self.store.get_document_chunks(collection_id, document.id)
             ]
         return result
+
+    def _visible_collection(self, collection_id: str) -> CollectionInfo:
+        """The collection, if it exists and the caller may see it; else the one not-found answer."""
+        collection = self.store.get_collection(collection_id) if access.can_see(collection_id) else None
+        if collection is None:
+            raise access.collection_not_found(collection_id, [c.id for c in self.store.list_collections()])
+        return collection
+
+    def list_documents(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_list_documents: a page of a collection's documents, oldest first."""
+        arguments = validate_arguments("rag_list_documents", params)
+        collection = self._visible_collection(
+            arguments.get("collection_id") or self.settings.default_collection
+        )
+        limit = int(arguments.get("limit", 50))
+        offset = int(arguments.get("cursor", "0"))
+        page = self.store.list_documents(collection.id, offset, limit)
+        more = offset + len(page) < collection.document_count
+        return {
+            "collection_id": collection.id,
+            "document_count": collection.document_count,
+            "documents": [
+                {
+                    "id": d.id,
+                    "title": d.title,
+                    "chars": d.chars,
+                    "chunks": d.chunks,
+                    "created_at": d.created_at,
+                    "updated_at": d.updated_at,
+                }
+                for d in page
+            ],
+            "next_cursor": str(offset + len(page)) if more and page else None,
+        }
+
+    def delete_documents(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_delete_documents: by ids or by metadata filter, all in one transaction."""
+        arguments = validate_arguments("rag_delete_documents", params)
+        collection_id: str = arguments["collection_id"]
+        access.require_writable(collection_id)
+        if ("document_ids" in arguments) == ("filter" in arguments):
+            msg = "give either document_ids or filter (exactly one of the two)"
+            raise InvalidParametersError(msg)
+        collection = self._visible_collection(collection_id)
+        if "document_ids" in arguments:
+            wanted: list[str] = list(arguments["document_ids"])
+        else:
+            metadata_filter = parse_filters(arguments["filter"])
+            if metadata_filter is None:  # {} would match every document: deleting all needs ids
+                msg = "filter must name at least one condition"
+                raise InvalidParametersError(msg)
+            matching = self.store.matching_document_ids(collection.id, metadata_filter)
+            wanted = [d for d in self.store.document_ids(collection.id) if d in matching]
+        deleted: list[str] = []
+        missing: list[str] = []
+        with self.store.transaction():
+            for document_id in wanted:
+                check_cancelled()
+                (deleted if self.store.delete_document(collection.id, document_id) else missing).append(
+                    document_id
+                )
+        return {
+            "collection_id": collection.id,
+            "deleted_count": len(deleted),
+            "deleted_ids": deleted,
+            "not_found_ids": missing,
+        }
 
     def metrics(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_metrics."""

@@ -124,6 +124,18 @@ class StoredDocument:
 
 
 @dataclass(frozen=True, slots=True)
+class DocumentSummary:
+    """A document as a listing shows it: no text, its size."""
+
+    id: str
+    title: str
+    chars: int
+    chunks: int
+    created_at: str
+    updated_at: str
+
+
+@dataclass(frozen=True, slots=True)
 class ScoredChunk:
     """A search hit: which chunk and how well it matched."""
 
@@ -190,6 +202,9 @@ class Documents(Protocol):
 
     def document_ids(self, collection_id: str) -> list[str]:
         """Every document id of the collection, in insertion order."""
+
+    def list_documents(self, collection_id: str, offset: int, limit: int) -> list[DocumentSummary]:
+        """A page of the collection's documents, in insertion order."""
 
     def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
         """A document's chunks in order."""

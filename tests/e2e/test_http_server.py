@@ -188,6 +188,8 @@ async def test_every_tool_over_streamable_http(seeded: HttpServer) -> None:
                 {"table": "cities", "collection_id": "papers", "rows": [{"city": "Paris", "n": 2}]},
             ),
             ("rag_table_schema", {"collection_id": "papers"}),
+            ("rag_list_documents", {"collection_id": "papers", "limit": 2}),
+            ("rag_delete_documents", {"collection_id": "papers", "document_ids": ["not-there"]}),
         ]
         assert {name for name, _ in calls} | {"rag_ingest"} | {
             f"rag_{t}" for t in _techniques()

@@ -125,3 +125,23 @@ async def test_health_check_reports_a_reachable_worker(session: ClientSession) -
     assert result.structuredContent == health
     assert health["status"] in {"healthy", "degraded"}
     assert health["components"]["python_bridge"]["status"] == "healthy"
+
+
+async def test_documents_are_listed_and_deleted_through_mcp(session: ClientSession) -> None:
+    await call(session, "rag_ingest", {"collection_id": "managed", "documents": DOCUMENTS})
+    listed_result, listed = await call(
+        session, "rag_list_documents", {"collection_id": "managed", "limit": 2}
+    )
+    assert not listed_result.isError, listed
+    assert [d["id"] for d in listed["documents"]] == ["seine", "photosynthesis"] and listed[
+        "next_cursor"
+    ] == "2"
+    deleted_result, deleted = await call(
+        session, "rag_delete_documents", {"collection_id": "managed", "document_ids": ["seine"]}
+    )
+    assert not deleted_result.isError and deleted["deleted_ids"] == ["seine"], deleted
+    query = {"query": "Which river flows through Paris?", "collection_id": "managed", "options": {"top_k": 3}}
+    _, answer = await call(session, "rag_basic", query)
+    assert "seine" not in {d["id"] for d in answer["retrieved_documents"]}
+    refused, error = await call(session, "rag_delete_documents", {"collection_id": "managed", "filter": {}})
+    assert refused.isError and error["error"]["code"] == "INVALID_PARAMETERS", error

@@ -27,6 +27,7 @@ from iris_rag.stores.base import (
     CallRecord,
     CollectionInfo,
     DocumentInput,
+    DocumentSummary,
     KeywordQuery,
     NewCollection,
     ScoredChunk,
@@ -375,6 +376,21 @@ class PostgresStore:
             .fetchall()
         )
         return [row["id"] for row in rows]
+
+    def list_documents(self, collection_id: str, offset: int, limit: int) -> list[DocumentSummary]:
+        """A page of the collection's documents, in insertion order."""
+        rows = (
+            self.connection()
+            .execute(
+                """SELECT d.id, d.title, length(d.content) AS chars, d.created_at, d.updated_at,
+                          (SELECT COUNT(*) FROM chunks k WHERE k.collection_id = d.collection_id
+                           AND k.document_id = d.id) AS chunks
+                   FROM documents d WHERE d.collection_id = %s ORDER BY d.row_id LIMIT %s OFFSET %s""",
+                (collection_id, limit, offset),
+            )
+            .fetchall()
+        )
+        return [_summary(row) for row in rows]
 
     def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
         """A document's chunks in order."""
@@ -742,4 +758,10 @@ def _chunk(row: Row) -> StoredChunk:
         end_char=row["end_char"],
         title=row["title"],
         metadata=row["metadata"],
+    )
+
+
+def _summary(row: Any) -> DocumentSummary:
+    return DocumentSummary(
+        row["id"], row["title"], int(row["chars"]), int(row["chunks"]), row["created_at"], row["updated_at"]
     )

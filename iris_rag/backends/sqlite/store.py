@@ -24,6 +24,7 @@ from iris_rag.stores.base import (
     ChunkInput,
     CollectionInfo,
     DocumentInput,
+    DocumentSummary,
     KeywordQuery,
     NewCollection,
     ScoredChunk,
@@ -620,6 +621,21 @@ class SqliteStore:
         )
         return [row["id"] for row in rows]
 
+    def list_documents(self, collection_id: str, offset: int, limit: int) -> list[DocumentSummary]:
+        """A page of the collection's documents, in insertion order."""
+        rows = (
+            self._connection()
+            .execute(
+                """SELECT d.id, d.title, length(d.content) AS chars, d.created_at, d.updated_at,
+                          (SELECT COUNT(*) FROM chunks k WHERE k.collection_id = d.collection_id
+                           AND k.document_id = d.id) AS chunks
+                   FROM documents d WHERE d.collection_id = ? ORDER BY d.rowid LIMIT ? OFFSET ?""",
+                (collection_id, limit, offset),
+            )
+            .fetchall()
+        )
+        return [_summary(row) for row in rows]
+
     def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
         """A document's chunks in order."""
         rows = (
@@ -1008,3 +1024,9 @@ def sqlite_connection(store: object) -> sqlite3.Connection:
     """The calling thread's connection of a store known to be SQLite (tests inspect its tables with it)."""
     assert isinstance(store, SqliteStore), "not a SQLite store"
     return store.connection()
+
+
+def _summary(row: Any) -> DocumentSummary:
+    return DocumentSummary(
+        row["id"], row["title"], int(row["chars"]), int(row["chunks"]), row["created_at"], row["updated_at"]
+    )
