@@ -35,6 +35,7 @@ from iris_rag.stores.base import (
     StoredDocument,
 )
 from iris_rag.stores.filters import MetadataFilter
+from iris_rag.stores.rows import call_record, collection_info, document_summary, stored_chunk, stored_document
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.text import chunk_id
 
@@ -163,7 +164,7 @@ class PostgresStore:
     def get_collection(self, collection_id: str) -> CollectionInfo | None:
         """The collection with counts, or None."""
         row = self.connection().execute(f"{_COLLECTION_SELECT} WHERE c.id = %s", (collection_id,)).fetchone()
-        return _collection(row) if row else None
+        return collection_info(row) if row else None
 
     def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
         """Create the collection if absent and return it."""
@@ -198,7 +199,7 @@ class PostgresStore:
     def list_collections(self) -> list[CollectionInfo]:
         """Every collection with counts."""
         rows = self.connection().execute(f"{_COLLECTION_SELECT} ORDER BY c.id").fetchall()
-        return [_collection(row) for row in rows]
+        return [collection_info(row) for row in rows]
 
     # Documents
     def upsert_documents(
@@ -358,15 +359,7 @@ class PostgresStore:
         )
         if row is None:
             return None
-        return StoredDocument(
-            id=row["id"],
-            collection_id=row["collection_id"],
-            title=row["title"],
-            content=row["content"],
-            metadata=row["metadata"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-        )
+        return stored_document(row)
 
     def document_ids(self, collection_id: str) -> list[str]:
         """Every document id of the collection, in insertion order."""
@@ -390,7 +383,7 @@ class PostgresStore:
             )
             .fetchall()
         )
-        return [_summary(row) for row in rows]
+        return [document_summary(row) for row in rows]
 
     def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
         """A document's chunks in order."""
@@ -402,7 +395,7 @@ class PostgresStore:
             )
             .fetchall()
         )
-        return [_chunk(row) for row in rows]
+        return [stored_chunk(row) for row in rows]
 
     def get_chunks(self, collection_id: str, chunk_ids: list[str]) -> list[StoredChunk]:
         """Chunks by id, in the order asked."""
@@ -416,7 +409,7 @@ class PostgresStore:
             )
             .fetchall()
         )
-        by_id = {row["chunk_id"]: _chunk(row) for row in rows}
+        by_id = {row["chunk_id"]: stored_chunk(row) for row in rows}
         return [by_id[chunk_id] for chunk_id in chunk_ids if chunk_id in by_id]
 
     # Search
@@ -669,18 +662,7 @@ class PostgresStore:
         rows = (
             self.connection().execute("SELECT * FROM calls WHERE ts >= %s ORDER BY ts", (since,)).fetchall()
         )
-        return [
-            CallRecord(
-                r["ts"],
-                r["tool"],
-                r["technique"],
-                r["duration_ms"],
-                r["success"],
-                r["error_code"],
-                r["principal"],
-            )
-            for r in rows
-        ]
+        return [call_record(r) for r in rows]
 
     def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details (the URL without its password)."""
@@ -733,35 +715,3 @@ _COLLECTION_SELECT = """
            COALESCE((SELECT t.chunks FROM keyword_totals t WHERE t.collection_id = c.id), 0) AS chunk_count,
            COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
     FROM collections c"""
-
-
-def _collection(row: Row) -> CollectionInfo:
-    return CollectionInfo(
-        id=row["id"],
-        embedding_model=row["embedding_model"],
-        dimension=row["dimension"],
-        document_count=row["document_count"],
-        chunk_count=row["chunk_count"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        version=int(row["version"]),
-    )
-
-
-def _chunk(row: Row) -> StoredChunk:
-    return StoredChunk(
-        chunk_id=row["chunk_id"],
-        document_id=row["document_id"],
-        index=row["chunk_index"],
-        content=row["content"],
-        start_char=row["start_char"],
-        end_char=row["end_char"],
-        title=row["title"],
-        metadata=row["metadata"],
-    )
-
-
-def _summary(row: Any) -> DocumentSummary:
-    return DocumentSummary(
-        row["id"], row["title"], int(row["chars"]), int(row["chunks"]), row["created_at"], row["updated_at"]
-    )

@@ -32,6 +32,7 @@ from iris_rag.stores.base import (
     StoredDocument,
 )
 from iris_rag.stores.filters import MetadataFilter
+from iris_rag.stores.rows import call_record, collection_info, document_summary, stored_chunk, stored_document
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.stores.versioned import VersionedCache
 from iris_rag.text import chunk_id
@@ -446,7 +447,7 @@ class SqliteStore:
             )
             .fetchone()
         )
-        return _collection(row) if row else None
+        return collection_info(row) if row else None
 
     def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
         """Create the collection if absent and return it."""
@@ -470,7 +471,7 @@ class SqliteStore:
     def list_collections(self) -> list[CollectionInfo]:
         """Every collection with counts."""
         rows = self._connection().execute(f"{_COLLECTION_SELECT} ORDER BY c.id").fetchall()
-        return [_collection(row) for row in rows]
+        return [collection_info(row) for row in rows]
 
     # Documents
     def upsert_documents(
@@ -602,15 +603,7 @@ class SqliteStore:
         )
         if row is None:
             return None
-        return StoredDocument(
-            id=row["id"],
-            collection_id=row["collection_id"],
-            title=row["title"],
-            content=row["content"],
-            metadata=orjson.loads(row["metadata"]),
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-        )
+        return stored_document(row)
 
     def document_ids(self, collection_id: str) -> list[str]:
         """Every document id of the collection, in insertion order."""
@@ -634,7 +627,7 @@ class SqliteStore:
             )
             .fetchall()
         )
-        return [_summary(row) for row in rows]
+        return [document_summary(row) for row in rows]
 
     def get_document_chunks(self, collection_id: str, document_id: str) -> list[StoredChunk]:
         """A document's chunks in order."""
@@ -646,7 +639,7 @@ class SqliteStore:
             )
             .fetchall()
         )
-        return [_chunk(row) for row in rows]
+        return [stored_chunk(row) for row in rows]
 
     def get_chunks(self, collection_id: str, chunk_ids: list[str]) -> list[StoredChunk]:
         """Chunks by id, in the order asked."""
@@ -661,7 +654,7 @@ class SqliteStore:
             )
             .fetchall()
         )
-        by_id = {row["chunk_id"]: _chunk(row) for row in rows}
+        by_id = {row["chunk_id"]: stored_chunk(row) for row in rows}
         return [by_id[chunk_id] for chunk_id in chunk_ids if chunk_id in by_id]
 
     # Search
@@ -936,18 +929,7 @@ class SqliteStore:
         rows = (
             self._connection().execute("SELECT * FROM calls WHERE ts >= ? ORDER BY ts", (since,)).fetchall()
         )
-        return [
-            CallRecord(
-                row["ts"],
-                row["tool"],
-                row["technique"],
-                row["duration_ms"],
-                bool(row["success"]),
-                row["error_code"],
-                row["principal"],
-            )
-            for row in rows
-        ]
+        return [call_record(row) for row in rows]
 
     def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details."""
@@ -994,39 +976,7 @@ def _top_k_indices(scores: npt.NDArray[np.float32], top_k: int) -> npt.NDArray[n
     return candidates[np.argsort(-scores[candidates], kind="stable")]
 
 
-def _collection(row: sqlite3.Row) -> CollectionInfo:
-    return CollectionInfo(
-        id=row["id"],
-        embedding_model=row["embedding_model"],
-        dimension=row["dimension"],
-        document_count=row["document_count"],
-        chunk_count=row["chunk_count"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        version=row["version"],
-    )
-
-
-def _chunk(row: sqlite3.Row) -> StoredChunk:
-    return StoredChunk(
-        chunk_id=row["chunk_id"],
-        document_id=row["document_id"],
-        index=row["chunk_index"],
-        content=row["content"],
-        start_char=row["start_char"],
-        end_char=row["end_char"],
-        title=row["title"],
-        metadata=orjson.loads(row["metadata"]),
-    )
-
-
 def sqlite_connection(store: object) -> sqlite3.Connection:
     """The calling thread's connection of a store known to be SQLite (tests inspect its tables with it)."""
     assert isinstance(store, SqliteStore), "not a SQLite store"
     return store.connection()
-
-
-def _summary(row: Any) -> DocumentSummary:
-    return DocumentSummary(
-        row["id"], row["title"], int(row["chars"]), int(row["chunks"]), row["created_at"], row["updated_at"]
-    )

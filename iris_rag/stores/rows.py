@@ -1,0 +1,87 @@
+"""Store rows as the contract's records: the one mapping both backends use (their rows read by column name).
+
+A row is anything indexable by column name (sqlite3.Row, psycopg's dict rows). JSON metadata comes back as
+text from SQLite and already decoded from Postgres' JSONB; `metadata()` takes either.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+
+from iris_rag.stores.base import CallRecord, CollectionInfo, DocumentSummary, StoredChunk, StoredDocument
+
+
+class Row(Protocol):
+    """A result row read by column name."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """The value of one column."""
+
+
+def metadata(value: Any) -> dict[str, Any]:
+    """A metadata column as a dict: JSON text (SQLite) or already decoded (Postgres JSONB)."""
+    decoded: dict[str, Any] = orjson.loads(value) if isinstance(value, str | bytes) else value
+    return decoded
+
+
+def collection_info(row: Row) -> CollectionInfo:
+    """A collection row with its counts and data version."""
+    return CollectionInfo(
+        id=row["id"],
+        embedding_model=row["embedding_model"],
+        dimension=int(row["dimension"]),
+        document_count=int(row["document_count"]),
+        chunk_count=int(row["chunk_count"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        version=int(row["version"]),
+    )
+
+
+def stored_chunk(row: Row) -> StoredChunk:
+    """A chunk row joined with its document's title and metadata."""
+    return StoredChunk(
+        chunk_id=row["chunk_id"],
+        document_id=row["document_id"],
+        index=int(row["chunk_index"]),
+        content=row["content"],
+        start_char=int(row["start_char"]),
+        end_char=int(row["end_char"]),
+        title=row["title"],
+        metadata=metadata(row["metadata"]),
+    )
+
+
+def stored_document(row: Row) -> StoredDocument:
+    """A document row."""
+    return StoredDocument(
+        id=row["id"],
+        collection_id=row["collection_id"],
+        title=row["title"],
+        content=row["content"],
+        metadata=metadata(row["metadata"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def document_summary(row: Row) -> DocumentSummary:
+    """A document as a listing shows it (columns id, title, chars, chunks, created_at, updated_at)."""
+    return DocumentSummary(
+        row["id"], row["title"], int(row["chars"]), int(row["chunks"]), row["created_at"], row["updated_at"]
+    )
+
+
+def call_record(row: Row) -> CallRecord:
+    """A call-log row."""
+    return CallRecord(
+        float(row["ts"]),
+        row["tool"],
+        row["technique"],
+        float(row["duration_ms"]),
+        bool(row["success"]),
+        row["error_code"],
+        row["principal"],
+    )
