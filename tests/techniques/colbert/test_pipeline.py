@@ -2,6 +2,8 @@
 
 import json
 import math
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.techniques.colbert.pipeline import batch_maxsim, maxsim
+from iris_rag.techniques.colbert.storage import TokenVectorStorage
 from tests.conftest import DOCUMENTS, SAMPLE_CORPUS
 
 
@@ -234,3 +237,55 @@ def test_index_not_built_until_reindex(settings: Settings, embedder: Embedder) -
         assert ids(colbert(service, "aspirin heart attack", top_k=1)) == ["aspirin"]
     finally:
         service.close()
+
+
+@pytest.fixture
+def postgres_service(postgres_url: str, tmp_path: Path, embedder: Embedder) -> Iterator[RagService]:
+    """rag_colbert on RAG_STORE=postgres (a fresh database), holding the three DOCUMENTS."""
+    settings = Settings(
+        RAG_STORE="postgres",
+        RAG_POSTGRES_URL=postgres_url,
+        RAG_DATA_DIR=tmp_path / "postgres",
+        RAG_TECHNIQUES="colbert",
+    )
+    service = RagService(settings, embedder=embedder)
+    try:
+        assert service.ingest({"collection_id": "docs", "documents": DOCUMENTS})["ingested_count"] == 3
+        yield service
+    finally:
+        service.close()
+
+
+def test_postgres_answers_as_sqlite_does_and_its_rows_follow_their_documents(
+    colbert_service: RagService, postgres_service: RagService
+) -> None:
+    """The same rows on both backends: same ranking, scores and matches; deletes and replaces on Postgres."""
+    query = "does aspirin prevent heart attacks?"
+    on_sqlite, on_postgres = (
+        colbert(colbert_service, query, top_k=3),
+        colbert(postgres_service, query, top_k=3),
+    )
+    assert ids(on_postgres) == ids(on_sqlite) and ids(on_postgres)[0] == "aspirin"
+    for mine, theirs in zip(
+        on_postgres["retrieved_documents"], on_sqlite["retrieved_documents"], strict=True
+    ):
+        assert mine["similarity_score"] == pytest.approx(theirs["similarity_score"], abs=1e-5)
+        assert (
+            mine["score_details"]["matched_query_tokens"] == theirs["score_details"]["matched_query_tokens"]
+        )
+    assert on_postgres["answer"] and "[1]" in on_postgres["answer"]
+
+    rows = postgres_service.store.technique_storage(TokenVectorStorage)
+    sqlite_rows = colbert_service.store.technique_storage(TokenVectorStorage)
+    assert rows.frequencies("docs") == sqlite_rows.frequencies("docs")
+    for service in (colbert_service, postgres_service):
+        assert service.store.delete_document("docs", "sourdough")
+    assert rows.document_token_ids("docs", "sourdough") == []
+    assert rows.indexed_documents("docs") == 2
+    assert rows.frequencies("docs") == sqlite_rows.frequencies("docs"), "the deleted rows left the counts"
+    assert "sourdough" not in ids(colbert(postgres_service, "what makes sourdough bread rise?", top_k=3))
+
+    replaced = {"id": "volcano", "title": "Sourdough", "content": "Wild yeast makes sourdough bread rise."}
+    postgres_service.ingest({"collection_id": "docs", "documents": [replaced]})
+    assert rows.indexed_documents("docs") == 2 and rows.totals().documents == 2
+    assert ids(colbert(postgres_service, "what makes sourdough bread rise?", top_k=1)) == ["volcano"]

@@ -371,3 +371,57 @@ def test_extract_sql_from_llm_replies() -> None:
     assert extract_sql("```sql\nSELECT 1;\n```") == "SELECT 1"
     assert extract_sql("Here it is:\n```\nSELECT 2\n```\nDone.") == "SELECT 2"
     assert extract_sql("SQL: SELECT 3;") == "SELECT 3"
+
+
+@pytest.fixture
+def postgres_llm_service(
+    postgres_url: str, tmp_path: Path, embedder: Embedder, fake_llm: FakeOpenAIServer
+) -> Iterator[RagService]:
+    """llm_service's tables and documents on RAG_STORE=postgres (a fresh database)."""
+    settings = Settings(
+        RAG_STORE="postgres",
+        RAG_POSTGRES_URL=postgres_url,
+        RAG_DATA_DIR=tmp_path / "postgres",
+        RAG_TECHNIQUES="sqlrag",
+        LLM_PROVIDER="openai",
+        LLM_MODEL="fake-model",
+        LLM_API_KEY="sk-test",
+        LLM_BASE_URL=fake_llm.base_url,
+        LLM_MAX_RETRIES=0,
+    )
+    service = RagService(settings, embedder=embedder)
+    try:
+        load_tables(service)
+        fake_llm.requests.clear()
+        yield service
+    finally:
+        service.close()
+
+
+def test_postgres_answers_from_a_table_and_a_documents_view(
+    postgres_llm_service: RagService, fake_llm: FakeOpenAIServer
+) -> None:
+    """End to end on Postgres: the LLM writes PostgreSQL, rows answer, a delete leaves the view."""
+    result = sqlrag(postgres_llm_service, "Total sales per region?")
+    report = specific(result)
+    assert report["sql_source"] == "llm" and sorted(report["rows"]) == [
+        ["east", 1.0],
+        ["north", 13.5],
+        ["south", 7.0],
+    ]
+    assert "PostgreSQL SELECT" in fake_llm.requests[0]["body"]["messages"][0]["content"]
+    assert result["metadata"]["answer_source"] == "llm" and ids(result)[0] == SQL_DOCUMENT_ID
+    assert "| north | 13.5 |" in fake_llm.requests[-1]["body"]["messages"][1]["content"]
+
+    fake_llm.reply = "SELECT id, title FROM documents_docs WHERE year >= 2020 ORDER BY year DESC"
+    recent = specific(sqlrag(postgres_llm_service, "Which documents are from 2020 or later?", generate=False))
+    assert recent["rows"] == [["volcano", "Volcanic eruptions"], ["sourdough", "Baking sourdough"]]
+    assert postgres_llm_service.store.delete_document("docs", "volcano")
+    after = specific(sqlrag(postgres_llm_service, "Which documents are from 2020 or later?", generate=False))
+    assert after["rows"] == [["sourdough", "Baking sourdough"]], "the deleted document left the view"
+
+    fake_llm.reply = "SELECT pg_sleep(5)"
+    with pytest.raises(SqlRejectedError) as caught:
+        sqlrag(postgres_llm_service, "Wait a while", generate=False)
+    assert caught.value.details["rules"]["dialect"] == "postgres"
+    assert [a["sql"] for a in caught.value.details["attempts"]] == ["SELECT pg_sleep(5)"] * 2

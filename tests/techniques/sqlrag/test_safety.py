@@ -478,6 +478,24 @@ POSTGRES_HOSTILE = [
     "PREPARE p AS SELECT 1",
     "SELECT * FROM t_sales WHERE region = $1",
     "SELECT * FROM t_sales OFFSET -1",
+    # Known to sqlglot as ordinary functions or types, so refused by the postgres dialect's own checks.
+    "SELECT repeat('x', 900000000)",
+    "SELECT lpad(region, 900000000) FROM t_sales",
+    "SELECT generate_series(1, 1000000000)",
+    "SELECT regexp_replace(region, 'n', 'x') FROM t_sales",
+    "SELECT pg_catalog.lower(region) FROM t_sales",
+    "SELECT 10::regrole",
+    "SELECT tableoid::regclass FROM t_sales",
+    "SELECT * FROM t_sales FOR SHARE",
+    "SELECT * FROM main.t_sales",
+    "SELECT lo_export(1, '/tmp/iris-rag-evil.txt')",
+    "SELECT dblink_exec('host=x', 'DROP TABLE t_sales')",
+]
+# Postgres functions within bounds still run: (statement, rows).
+POSTGRES_CONTAINED = [
+    ("SELECT repeat('ab', 3)", 1),
+    ("SELECT lpad(region, 8, '*') FROM t_sales", 3),
+    ("SELECT date_trunc('month', CAST(sold_on AS DATE)) AS m, sum(amount) FROM t_sales GROUP BY 1", 3),
 ]
 
 
@@ -537,6 +555,8 @@ def test_postgres_refuses_what_sqlite_refuses_and_its_own_ways_out(guarded_postg
         specific = run_sql(guarded_postgres, sql, **params)["metadata"]["technique_specific"]
         assert specific["row_count"] == expected_rows, sql
         assert not any(secret in repr(specific["rows"]) for secret in SECRETS), sql
+    for sql, expected in POSTGRES_CONTAINED:
+        assert run_sql(guarded_postgres, sql)["metadata"]["technique_specific"]["row_count"] == expected, sql
     limited = run_sql(guarded_postgres, "SELECT region FROM t_sales LIMIT -1")["metadata"][
         "technique_specific"
     ]
