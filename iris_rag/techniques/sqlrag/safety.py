@@ -185,6 +185,30 @@ def check_sql(
     may read; registered: every structured table (for messages); existing: every name in the database, so
     that a CTE cannot shadow one.
     """
+    try:
+        return _check_sql(
+            sql,
+            dialect=dialect,
+            allowed=allowed,
+            registered=registered,
+            existing=existing,
+            complexity=complexity,
+            max_rows=max_rows,
+        )
+    except RecursionError:  # the parser and the tree walks recurse once per level of nesting
+        reject("it is nested too deeply (expressions inside expressions, hundreds of levels)", "parse")
+
+
+def _check_sql(
+    sql: str,
+    *,
+    dialect: str,
+    allowed: Collection[str],
+    registered: Collection[str],
+    existing: Collection[str],
+    complexity: Complexity,
+    max_rows: int,
+) -> CheckedSql:
     text = sql.strip()
     if not text:
         reject("the statement is empty", "parse")

@@ -594,3 +594,19 @@ def test_postgres_runtime_layer_and_time_limit(guarded_postgres: RagService) -> 
     with pytest.raises(SqlRejectedError, match="300 ms time limit"):
         storage.run_select(CheckedSql(loop, loop, (), ("c",), {}, None, 10, 11), limits, safety.SqlGate())
     assert time.monotonic() - started < 5
+
+
+def test_deep_nesting_is_refused_not_a_crash() -> None:
+    """1,200 nested calls made the parser recurse past Python's limit: RecursionError, an internal error."""
+    sql = "SELECT " + "abs(" * 1200 + "1" + ")" * 1200
+    for dialect in ("sqlite", "postgres"):
+        with pytest.raises(SqlRejectedError, match="nested too deeply"):
+            check_sql(
+                sql,
+                dialect=dialect,
+                allowed=[],
+                registered=[],
+                existing=[],
+                complexity="complex",
+                max_rows=10,
+            )
