@@ -127,6 +127,16 @@ def cmd_delete(args: argparse.Namespace, service: RagService) -> int:
     return 0
 
 
+def cmd_delete_collection(args: argparse.Namespace, service: RagService) -> int:
+    """Delete a whole collection (rag_delete_collection); --yes confirms."""
+    if not args.yes:
+        print(f"this deletes collection {args.collection!r} and everything in it; add --yes to confirm")
+        return 2
+    arguments = {"collection_id": args.collection, "confirm_collection_id": args.collection}
+    print(orjson.dumps(service.delete_collection(arguments), option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
 def cmd_health(args: argparse.Namespace, service: RagService) -> int:
     """Print the health report; exit 1 when unhealthy (a container HEALTHCHECK)."""
     if args.quick:
@@ -241,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--filter", default=None, help='metadata filter as JSON, e.g. \'{"year": {"lt": 2000}}\''
     )
     delete.set_defaults(handler=cmd_delete)
+
+    drop = commands.add_parser("delete-collection", help="delete a collection and everything in it")
+    drop.add_argument("collection")
+    drop.add_argument("--yes", action="store_true", help="confirm")
+    drop.set_defaults(handler=cmd_delete_collection)
 
     health = commands.add_parser("health", help="check the store and the model; exit 1 when unhealthy")
     health.add_argument("--quick", action="store_true", help="skip loading the model (for container checks)")

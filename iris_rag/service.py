@@ -129,6 +129,7 @@ class RagService:
             "get_document": self.get_document,
             "list_documents": self.list_documents,
             "delete_documents": self.delete_documents,
+            "delete_collection": self.delete_collection,
             "health_check": self.health_check,
             "metrics": self.metrics,
         }
@@ -314,6 +315,20 @@ class RagService:
             "deleted_ids": deleted,
             "not_found_ids": missing,
         }
+
+    def delete_collection(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_delete_collection: the collection named twice, then everything of it in one transaction."""
+        arguments = validate_arguments("rag_delete_collection", params)
+        collection_id: str = arguments["collection_id"]
+        if arguments["confirm_collection_id"] != collection_id:
+            msg = "confirm_collection_id must repeat collection_id exactly; nothing was deleted"
+            raise InvalidParametersError(msg)
+        access.require_writable(collection_id)
+        self._visible_collection(collection_id)
+        deleted = self.store.delete_collection(collection_id)
+        if deleted is None:  # deleted meanwhile by another call or process
+            raise access.collection_not_found(collection_id, [c.id for c in self.store.list_collections()])
+        return {"collection_id": collection_id, "deleted": True, "documents_deleted": deleted}
 
     def metrics(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_metrics."""

@@ -9,6 +9,7 @@ import pytest
 from iris_rag.access import Principal, principal_scope
 from iris_rag.errors import CollectionNotFoundError, ForbiddenError, InvalidParametersError
 from iris_rag.service import RagService
+from iris_rag.stores.base import KeywordQuery
 from tests.conftest import DOCUMENTS
 
 EXTRA = [
@@ -101,3 +102,58 @@ def test_the_cli_lists_and_deletes(loaded: RagService, capsys: pytest.CaptureFix
     assert [d["id"] for d in page["documents"]] == ["volcano", "sourdough"]
     assert run("delete", "--collection", "docs", "aspirin")["deleted_ids"] == ["aspirin"]
     assert run("delete", "--collection", "docs", "--filter", '{"n": 0}')["deleted_ids"] == ["note-0"]
+
+
+def test_deleting_a_collection_takes_every_row_of_it_and_nothing_else(loaded: RagService) -> None:
+    from iris_rag.techniques.colbert.storage import TokenVectorStorage
+    from iris_rag.techniques.graphrag.storage import KnowledgeGraphStorage
+    from iris_rag.techniques.noderag.storage import NodeTreeStorage
+    from iris_rag.techniques.sqlrag.pipeline import SqlRagPipeline
+    from iris_rag.techniques.sqlrag.storage import StructuredTableStorage
+
+    store = loaded.store
+    loaded.ingest({"collection_id": "other", "documents": DOCUMENTS})
+    sqlrag = loaded.pipelines["sqlrag"]
+    assert isinstance(sqlrag, SqlRagPipeline)
+    sqlrag.ingest_table({"table": "sales", "collection_id": "docs", "rows": [{"region": "north", "n": 1}]})
+    sqlrag.table_schema({"collection_id": "docs"})  # the documents view exists
+    graph = store.technique_storage(KnowledgeGraphStorage)
+    assert graph.counts("docs")["entities"] > 0
+
+    with pytest.raises(InvalidParametersError, match="confirm_collection_id"):
+        loaded.delete_collection({"collection_id": "docs", "confirm_collection_id": "doc"})
+    result = loaded.delete_collection({"collection_id": "docs", "confirm_collection_id": "docs"})
+    assert result == {"collection_id": "docs", "deleted": True, "documents_deleted": 8}
+
+    assert [c["id"] for c in loaded.list_collections({})["collections"]] == ["other"]
+    assert graph.counts("docs") == {"documents": 0, "entities": 0, "mentions": 0, "relations": 0}
+    assert graph.graph_record("docs") is None
+    assert store.technique_storage(NodeTreeStorage).indexed_documents("docs") == 0
+    assert store.technique_storage(TokenVectorStorage).frequencies("docs") == (0, {})
+    tables = store.technique_storage(StructuredTableStorage)
+    assert tables.view_for("docs") is None and tables.get_table("t_sales") is None
+    assert store.keyword_search("docs", KeywordQuery.of(["lava"]), 5) == []
+    with pytest.raises(CollectionNotFoundError):
+        loaded.delete_collection({"collection_id": "docs", "confirm_collection_id": "docs"})
+    # The other collection answers as before; the deleted one can be made again from scratch.
+    answer = loaded.execute(
+        {"technique": "graphrag", "arguments": {"query": "volcano lava", "collection_id": "other"}}
+    )
+    assert answer["retrieved_documents"][0]["id"] == "volcano"
+    loaded.ingest({"collection_id": "docs", "documents": DOCUMENTS[:1]})
+    assert loaded.list_documents({"collection_id": "docs"})["document_count"] == 1
+    assert graph.counts("docs")["documents"] == 1
+
+
+def test_the_cli_deletes_a_collection_only_with_yes(
+    loaded: RagService, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from iris_rag.cli import build_parser
+
+    unconfirmed = build_parser().parse_args(["delete-collection", "docs"])
+    assert unconfirmed.handler(unconfirmed, loaded) == 2
+    assert "--yes" in capsys.readouterr().out
+    assert loaded.list_documents({"collection_id": "docs"})["document_count"] == 8
+    confirmed = build_parser().parse_args(["delete-collection", "docs", "--yes"])
+    assert confirmed.handler(confirmed, loaded) == 0
+    assert loaded.list_collections({})["collections"] == []

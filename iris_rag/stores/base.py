@@ -197,6 +197,12 @@ class Documents(Protocol):
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document and its chunks; False if it was absent."""
 
+    def delete_collection(self, collection_id: str) -> int | None:
+        """Delete the collection with its documents and every technique's rows, in one transaction.
+
+        Returns how many documents went, or None if there was no such collection.
+        """
+
     def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
         """One document, or None."""
 

@@ -39,6 +39,14 @@ class TechniqueIndex(Protocol):
         """How many of the collection's documents this index holds (fewer than stored: it needs a reindex)."""
 
 
+@runtime_checkable
+class CollectionState(Protocol):
+    """An index that also keeps rows for a collection as a whole, beyond its documents' rows."""
+
+    def drop_collection(self, collection_id: str) -> None:
+        """Remove every row of the collection (in delete_collection's transaction, after its documents)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkEncoding:
     """What one forward pass over a chunk's text gave: the dense embedding when it is exact, and tokens."""

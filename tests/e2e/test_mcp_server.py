@@ -145,3 +145,19 @@ async def test_documents_are_listed_and_deleted_through_mcp(session: ClientSessi
     assert "seine" not in {d["id"] for d in answer["retrieved_documents"]}
     refused, error = await call(session, "rag_delete_documents", {"collection_id": "managed", "filter": {}})
     assert refused.isError and error["error"]["code"] == "INVALID_PARAMETERS", error
+
+
+async def test_a_collection_is_deleted_through_mcp_when_named_twice(session: ClientSession) -> None:
+    await call(session, "rag_ingest", {"collection_id": "doomed", "documents": DOCUMENTS})
+    refused, error = await call(
+        session, "rag_delete_collection", {"collection_id": "doomed", "confirm_collection_id": "doome"}
+    )
+    assert refused.isError and error["error"]["code"] == "INVALID_PARAMETERS", error
+    deleted_result, deleted = await call(
+        session, "rag_delete_collection", {"collection_id": "doomed", "confirm_collection_id": "doomed"}
+    )
+    assert not deleted_result.isError and deleted["documents_deleted"] == 3, deleted
+    _, listed = await call(session, "rag_list_collections", {})
+    assert "doomed" not in {c["id"] for c in listed["collections"]}
+    gone, answer = await call(session, "rag_basic", {"query": "Paris", "collection_id": "doomed"})
+    assert gone.isError and answer["error"]["code"] == "COLLECTION_NOT_FOUND"

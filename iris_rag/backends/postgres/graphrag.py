@@ -26,6 +26,17 @@ from iris_rag.techniques.graphrag.storage import (
     StoredEntity,
 )
 
+# Every table holding a collection's graph rows, dependents first.
+_GRAPH_TABLES = (
+    "kg_evidence",
+    "kg_mentions",
+    "kg_aliases",
+    "kg_relations",
+    "kg_entities",
+    "kg_documents",
+    "kg_collections",
+)
+
 
 class PostgresKnowledgeGraph:
     """The graph's rows in the store's database."""
@@ -174,6 +185,11 @@ class PostgresKnowledgeGraph:
         self._execute("DELETE FROM kg_aliases WHERE collection_id = %s AND document_id = %s", key)
         self._execute("DELETE FROM kg_documents WHERE collection_id = %s AND document_id = %s", key)
         return True
+
+    def drop_collection(self, collection_id: str) -> None:
+        """Remove every row of the collection's graph, its record included."""
+        for table in _GRAPH_TABLES:
+            self._execute(f"DELETE FROM {table} WHERE collection_id = %s", (collection_id,))
 
     def extractor_counts(self, collection_id: str) -> dict[str, int]:
         """How many documents each extractor read."""

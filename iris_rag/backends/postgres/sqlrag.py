@@ -296,6 +296,16 @@ class PostgresStructuredTables:
         self._upsert(info)
         return info
 
+    def drop_collection(self, collection_id: str) -> None:
+        """Drop the collection's view and tables and their registry entries (in the caller's transaction)."""
+        connection = self.store.connection()
+        for info in [t for t in self.list_tables() if t.collection_id == collection_id]:
+            kind = sql.SQL("VIEW" if info.kind == "documents_view" else "TABLE")
+            connection.execute(
+                sql.SQL("DROP {} IF EXISTS {}").format(kind, sql.Identifier(SCHEMA, info.name))
+            )
+            connection.execute("DELETE FROM structured_tables WHERE name = %s", (info.name,))
+
     def document_count(self, collection_id: str) -> int:
         """Documents of the collection now."""
         return int(

@@ -36,7 +36,7 @@ from iris_rag.stores.base import (
 )
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.rows import call_record, collection_info, document_summary, stored_chunk, stored_document
-from iris_rag.stores.technique_index import TechniqueIndex
+from iris_rag.stores.technique_index import CollectionState, TechniqueIndex
 from iris_rag.text import chunk_id
 
 logger = logging.getLogger(__name__)
@@ -347,6 +347,41 @@ class PostgresStore:
                 "UPDATE collections SET updated_at = %s WHERE id = %s", (_now(), collection_id)
             )
         return deleted > 0
+
+    def delete_collection(self, collection_id: str) -> int | None:
+        """Each document through the technique indexes, then the collection row and what hangs on it.
+
+        Documents, chunks and postings follow the collection row by cascade; its keyword totals and HNSW
+        index go by name.
+        """
+        with self.transaction() as connection:
+            if (
+                connection.execute("SELECT 1 FROM collections WHERE id = %s", (collection_id,)).fetchone()
+                is None
+            ):
+                return None
+            connection.execute(
+                "SELECT 1 FROM keyword_totals WHERE collection_id = %s FOR UPDATE", (collection_id,)
+            )
+            document_ids = [
+                row["id"]
+                for row in connection.execute(
+                    "SELECT id FROM documents WHERE collection_id = %s", (collection_id,)
+                ).fetchall()
+            ]
+            for document_id in document_ids:
+                check_cancelled()
+                for index in self._technique_indexes:
+                    index.delete(collection_id, document_id)
+            for index in self._technique_indexes:
+                if isinstance(index, CollectionState):
+                    index.drop_collection(collection_id)
+            connection.execute("DELETE FROM collections WHERE id = %s", (collection_id,))
+            connection.execute("DELETE FROM keyword_totals WHERE collection_id = %s", (collection_id,))
+            connection.execute(
+                sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(_hnsw_index_name(collection_id)))
+            )
+        return len(document_ids)
 
     def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
         """One document, or None."""

@@ -21,6 +21,16 @@ from iris_rag.techniques.graphrag.storage import (
 )
 
 _BATCH = 500  # ids per IN (...) list
+# Every table holding a collection's graph rows, dependents first.
+_GRAPH_TABLES = (
+    "kg_evidence",
+    "kg_mentions",
+    "kg_aliases",
+    "kg_relations",
+    "kg_entities",
+    "kg_documents",
+    "kg_collections",
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kg_collections (
@@ -282,6 +292,12 @@ class SqliteKnowledgeGraph:
             (collection_id, document_id),
         )
         return True
+
+    def drop_collection(self, collection_id: str) -> None:
+        """Remove every row of the collection's graph, its record included."""
+        connection = self._store.connection()
+        for table in _GRAPH_TABLES:
+            connection.execute(f"DELETE FROM {table} WHERE collection_id = ?", (collection_id,))
 
     def extractor_counts(self, collection_id: str) -> dict[str, int]:
         """How many documents each extractor read."""

@@ -250,6 +250,14 @@ class SqliteStructuredTables:
         self._upsert(info)
         return info
 
+    def drop_collection(self, collection_id: str) -> None:
+        """Drop the collection's view and tables and their registry entries (in the caller's transaction)."""
+        connection = self.store.connection()
+        for info in [t for t in self.list_tables() if t.collection_id == collection_id]:
+            kind = "VIEW" if info.kind == "documents_view" else "TABLE"
+            connection.execute(f"DROP {kind} IF EXISTS {quote(info.name)}")
+            connection.execute(f"DELETE FROM {REGISTRY_TABLE} WHERE name = ?", (info.name,))
+
     def document_count(self, collection_id: str) -> int:
         """Documents of the collection now."""
         row = (

@@ -33,7 +33,7 @@ from iris_rag.stores.base import (
 )
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.rows import call_record, collection_info, document_summary, stored_chunk, stored_document
-from iris_rag.stores.technique_index import TechniqueIndex
+from iris_rag.stores.technique_index import CollectionState, TechniqueIndex
 from iris_rag.stores.versioned import VersionedCache
 from iris_rag.text import chunk_id
 
@@ -334,13 +334,14 @@ class SqliteStore:
         if not _has_keyword_tables(connection, collection_id):
             _build_keyword_tables(connection, collection_id)
 
-    def _prepare_keyword_tables(self, collection_id: str) -> None:
+    def _prepare_keyword_tables(self, collection_id: str) -> bool:
         """Before a keyword read: build the tables of a collection that lacks them, once per collection.
 
         Opening the store built every collection's; this covers one written since by an earlier version.
+        False when there is no such collection (nothing to search).
         """
         if collection_id in self._keyword_ready:
-            return
+            return True
         connection = self._connection()
         if not _has_keyword_tables(connection, collection_id):
             with self.write_transaction() as writing:
@@ -348,9 +349,10 @@ class SqliteStore:
                     "SELECT 1 FROM collections WHERE id = ?", (collection_id,)
                 ).fetchone()
                 if exists is None:
-                    return
+                    return False
                 self._ensure_keyword_tables(writing, collection_id)
         self._keyword_ready.add(collection_id)
+        return True
 
     # Connections: one per thread, so concurrent readers never share a cursor (WAL lets them run together).
     def _connection(self) -> sqlite3.Connection:
@@ -592,6 +594,41 @@ class SqliteStore:
             self._invalidate(collection_id)
         return deleted > 0
 
+    def delete_collection(self, collection_id: str) -> int | None:
+        """Each document through the technique indexes, then the collection's own rows and keyword tables."""
+        try:
+            with self.write_transaction() as connection:
+                if (
+                    connection.execute("SELECT 1 FROM collections WHERE id = ?", (collection_id,)).fetchone()
+                    is None
+                ):
+                    return None
+                document_ids = [
+                    row[0]
+                    for row in connection.execute(
+                        "SELECT id FROM documents WHERE collection_id = ?", (collection_id,)
+                    ).fetchall()
+                ]
+                for document_id in document_ids:
+                    check_cancelled()
+                    for index in self._technique_indexes:
+                        index.delete(collection_id, document_id)
+                for index in self._technique_indexes:
+                    if isinstance(index, CollectionState):
+                        index.drop_collection(collection_id)
+                # The keyword tables go whole (nothing to unindex row by row), then the rows they indexed.
+                for suffix in _KEYWORD_SUFFIXES:
+                    connection.execute(
+                        f"DROP TABLE IF EXISTS {_quote(keyword_table_name(collection_id, suffix))}"
+                    )
+                connection.execute("DELETE FROM chunks WHERE collection_id = ?", (collection_id,))
+                connection.execute("DELETE FROM documents WHERE collection_id = ?", (collection_id,))
+                connection.execute("DELETE FROM collections WHERE id = ?", (collection_id,))
+        finally:
+            self._invalidate(collection_id)
+            self._keyword_ready.discard(collection_id)
+        return len(document_ids)
+
     def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
         """One document, or None."""
         row = (
@@ -750,7 +787,26 @@ class SqliteStore:
         match, title_weight = match_expression(query), query.title_weight
         if not match:
             return []
-        self._prepare_keyword_tables(collection_id)
+        if not self._prepare_keyword_tables(collection_id):
+            return []
+        try:
+            return self._keyword_hits(collection_id, match, title_weight, query, top_k, metadata_filter)
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            # Another process deleted the collection after this one last saw its keyword tables.
+            self._keyword_ready.discard(collection_id)
+            return []
+
+    def _keyword_hits(
+        self,
+        collection_id: str,
+        match: str,
+        title_weight: float,
+        query: KeywordQuery,
+        top_k: int,
+        metadata_filter: MetadataFilter | None,
+    ) -> list[ScoredChunk]:
         if query.scoring == "multifield":
             return self._multifield_search(collection_id, match, top_k, metadata_filter, title_weight)
         table = fts_table(collection_id)

@@ -316,6 +316,10 @@ class KnowledgeGraphIndex:
         entities = self.graph.counts(collection_id)["entities"]
         return largest_component(self.graph.relation_ends(collection_id), entities)
 
+    def drop_collection(self, collection_id: str) -> None:
+        """The collection is going: its whole graph and record go too (CollectionState)."""
+        self.graph.drop_collection(collection_id)
+
     def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents the graph covers."""
         return self.graph.indexed_documents(collection_id)

@@ -171,6 +171,9 @@ class KnowledgeGraphStorage(Protocol):
         unmentioned and relations left without weight go too.
         """
 
+    def drop_collection(self, collection_id: str) -> None:
+        """Remove every row of the collection's graph, its record included."""
+
     def extractor_counts(self, collection_id: str) -> dict[str, int]:
         """How many documents each extractor read."""
 

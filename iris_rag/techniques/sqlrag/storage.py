@@ -153,6 +153,9 @@ class StructuredTableStorage(Protocol):
     def save_view(self, view: ViewSpec, *, rebuild: bool) -> TableInfo:
         """Register the collection's view with its current document count; (re)create it when rebuild."""
 
+    def drop_collection(self, collection_id: str) -> None:
+        """Drop the collection's documents view and structured tables and their registry entries."""
+
     def document_count(self, collection_id: str) -> int:
         """How many documents the collection holds now."""
 

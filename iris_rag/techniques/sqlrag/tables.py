@@ -441,6 +441,10 @@ class DocumentViews:
         counts = self.storage.counts()
         return {"tables": counts.get("table", 0), "documents_views": counts.get("documents_view", 0)}
 
+    def drop_collection(self, collection_id: str) -> None:
+        """The collection is going: its view and its structured tables go too (CollectionState)."""
+        self.storage.drop_collection(collection_id)
+
     def indexed_documents(self, collection_id: str) -> int:
         """Every document: the view reads the documents, and a missing view is built on first use.
 
