@@ -109,6 +109,12 @@ def _ingest_table_rules(arguments: dict[str, Any]) -> bool:
     return not columns or len(columns) > MAX_COLUMNS
 
 
+def _delete_documents_rules(arguments: dict[str, Any]) -> bool:
+    # document_ids xor filter (a top-level oneOf would be refused by some LLM tool APIs), and a filter
+    # with no condition, which would match every document.
+    return ("document_ids" in arguments) == ("filter" in arguments) or arguments.get("filter") == {}
+
+
 def _noderag_rules(arguments: dict[str, Any]) -> bool:
     params = arguments.get("technique_params", {})
     # Documented: node_depth "needs include_parent_context=true".
@@ -122,6 +128,11 @@ DOCUMENTED_RULES: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = 
     "rag_noderag": lambda arguments, _: _noderag_rules(arguments),
     "rag_ingest_table": lambda arguments, _: _ingest_table_rules(arguments),
     "rag_table_schema": lambda arguments, _: "tables" in arguments,  # names must exist
+    "rag_delete_documents": lambda arguments, _: _delete_documents_rules(arguments),
+    # The collection named twice, exactly.
+    "rag_delete_collection": lambda arguments, _: (
+        arguments["collection_id"] != arguments["confirm_collection_id"]
+    ),
 }
 
 
