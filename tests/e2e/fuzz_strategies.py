@@ -76,13 +76,14 @@ def conforms(schema: dict[str, Any], arguments: Any) -> bool:
 
 
 def _filters_rejected(arguments: dict[str, Any]) -> bool:
-    filters = arguments.get("options", {}).get("filters")
-    if filters is None:
-        return False
-    try:
-        parse_filters(filters)
-    except InvalidParametersError:
-        return True
+    """A metadata filter (a technique's options.filters, rag_delete_documents' filter) breaking its rules."""
+    for filters in (arguments.get("options", {}).get("filters"), arguments.get("filter")):
+        if filters is None:
+            continue
+        try:
+            parse_filters(filters)
+        except InvalidParametersError:
+            return True
     return False
 
 
