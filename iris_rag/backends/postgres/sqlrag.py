@@ -28,7 +28,6 @@ from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError, SqlRejectedError
 from iris_rag.techniques.sqlrag.storage import (
     CheckedSql,
-    Column,
     ColumnType,
     NewTable,
     SelectLimits,
@@ -37,6 +36,7 @@ from iris_rag.techniques.sqlrag.storage import (
     TableInfo,
     TableKind,
     ViewSpec,
+    table_info,
 )
 
 SCHEMA = "sqlrag"
@@ -63,18 +63,7 @@ def _now() -> str:
 
 
 def _info(row: Sequence[Any]) -> TableInfo:
-    name, kind, source_name, collection_id, columns, row_count, source, created_at, updated_at = row
-    return TableInfo(
-        name=name,
-        kind=kind,
-        source_name=source_name,
-        collection_id=collection_id,
-        columns=tuple(Column(c["name"], c["source"], c["type"]) for c in columns),
-        row_count=int(row_count),
-        source=source,
-        created_at=created_at,
-        updated_at=updated_at,
-    )
+    return table_info(row, row[4])
 
 
 def _metadata_value(key: str, kind: ColumnType) -> sql.Composable:

@@ -30,7 +30,6 @@ from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError, RetrievalFailedError, SqlRejectedError
 from iris_rag.techniques.sqlrag.storage import (
     CheckedSql,
-    Column,
     ColumnType,
     NewTable,
     SelectLimits,
@@ -39,6 +38,7 @@ from iris_rag.techniques.sqlrag.storage import (
     TableInfo,
     TableKind,
     ViewSpec,
+    table_info,
 )
 
 REGISTRY_TABLE = "structured_tables"
@@ -92,18 +92,7 @@ def _sql_text(value: str) -> str:
 
 
 def _info(row: Sequence[Any]) -> TableInfo:
-    name, kind, source_name, collection_id, columns, row_count, source, created_at, updated_at = row
-    return TableInfo(
-        name=name,
-        kind=kind,
-        source_name=source_name,
-        collection_id=collection_id,
-        columns=tuple(Column(c["name"], c["source"], c["type"]) for c in orjson.loads(columns)),
-        row_count=row_count,
-        source=source,
-        created_at=created_at,
-        updated_at=updated_at,
-    )
+    return table_info(row, orjson.loads(row[4]))
 
 
 class SqliteStructuredTables:

@@ -15,12 +15,13 @@ Two independent layers, so that a gap in one is caught by the other:
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, ParamSpec
 
 import sqlglot
 from sqlglot import exp
@@ -31,6 +32,7 @@ from iris_rag.errors import SqlRejectedError
 from iris_rag.techniques.sqlrag.storage import CheckedSql, SelectLimits
 
 Complexity = Literal["simple", "moderate", "complex"]
+_P = ParamSpec("_P")
 
 MAX_SQL_CHARS = 10_000
 MAX_PATTERN_CHARS = 1_000
@@ -169,6 +171,20 @@ def _function_name(node: exp.Func) -> str:
     return node.name.lower() if isinstance(node, exp.Anonymous) else node.sql_name().lower()
 
 
+def _refuse_deep_nesting(check: Callable[_P, CheckedSql]) -> Callable[_P, CheckedSql]:
+    """SQL_REJECTED for a statement nested past what the parser's recursion can take."""
+
+    @functools.wraps(check)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> CheckedSql:
+        try:
+            return check(*args, **kwargs)
+        except RecursionError:  # the parser and the tree walks recurse once per level of nesting
+            reject("it is nested too deeply (expressions inside expressions, hundreds of levels)", "parse")
+
+    return checked
+
+
+@_refuse_deep_nesting
 def check_sql(
     sql: str,
     *,
@@ -185,30 +201,6 @@ def check_sql(
     may read; registered: every structured table (for messages); existing: every name in the database, so
     that a CTE cannot shadow one.
     """
-    try:
-        return _check_sql(
-            sql,
-            dialect=dialect,
-            allowed=allowed,
-            registered=registered,
-            existing=existing,
-            complexity=complexity,
-            max_rows=max_rows,
-        )
-    except RecursionError:  # the parser and the tree walks recurse once per level of nesting
-        reject("it is nested too deeply (expressions inside expressions, hundreds of levels)", "parse")
-
-
-def _check_sql(
-    sql: str,
-    *,
-    dialect: str,
-    allowed: Collection[str],
-    registered: Collection[str],
-    existing: Collection[str],
-    complexity: Complexity,
-    max_rows: int,
-) -> CheckedSql:
     text = sql.strip()
     if not text:
         reject("the statement is empty", "parse")

@@ -8,6 +8,7 @@ documents_<collection>).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -167,3 +168,33 @@ class StructuredTableStorage(Protocol):
 
     def run_select(self, checked: CheckedSql, limits: SelectLimits, gate: StatementGate) -> SqlResult:
         """Run a checked statement read-only within the limits (SQL_REJECTED at stage 'execution')."""
+
+
+# The registry's columns, in this order in every backend.
+REGISTRY_COLUMNS = (
+    "name",
+    "kind",
+    "source_name",
+    "collection_id",
+    "columns",
+    "row_count",
+    "source",
+    "created_at",
+    "updated_at",
+)
+
+
+def table_info(row: Sequence[Any], columns: list[dict[str, str]]) -> TableInfo:
+    """A registry row (REGISTRY_COLUMNS) as a TableInfo; `columns` is its decoded column list."""
+    name, kind, source_name, collection_id, _, row_count, source, created_at, updated_at = row
+    return TableInfo(
+        name=name,
+        kind=kind,
+        source_name=source_name,
+        collection_id=collection_id,
+        columns=tuple(Column(c["name"], c["source"], c["type"]) for c in columns),  # type: ignore[arg-type]
+        row_count=int(row_count),
+        source=source,
+        created_at=created_at,
+        updated_at=updated_at,
+    )
