@@ -54,6 +54,9 @@ export function loadToolSpecs(schemaDir: string): ToolSpec[] {
   });
 }
 
+/** The server's `instructions` for the client's model: which tool to start with and when to switch. */
+export const loadInstructions = (schemaDir: string): string => readFileSync(join(schemaDir, "instructions.md"), "utf8").trim();
+
 /** The technique a tool needs (bridge.technique or bridge.served_by); undefined for tools always served. */
 export const techniqueOf = (spec: ToolSpec): string | undefined => spec.bridge.technique ?? spec.bridge.served_by;
 

@@ -8,7 +8,7 @@ import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprot
 import type { Principal } from "./auth.js";
 import { WorkerBridge } from "./bridge.js";
 import type { Config } from "./config.js";
-import { loadToolSpecs, servedToolSpecs } from "./schemas.js";
+import { loadInstructions, loadToolSpecs, servedToolSpecs } from "./schemas.js";
 import { ToolRouter } from "./tools.js";
 
 export interface IrisRagServer {
@@ -36,12 +36,14 @@ export function createServer(config: Config): IrisRagServer {
   });
   // The tool table comes from the schema files, not the worker: a worker that cannot start leaves the
   // client its tools, and rag_health_check to say why.
-  const specs = servedToolSpecs(loadToolSpecs(join(config.repoRoot, "iris_rag", "schemas")), config.servedTechniques);
+  const schemaDir = join(config.repoRoot, "iris_rag", "schemas");
+  const specs = servedToolSpecs(loadToolSpecs(schemaDir), config.servedTechniques);
+  const instructions = loadInstructions(schemaDir);
   const tools = new ToolRouter(bridge, specs);
   const version = config.serverVersion ?? packageVersion(config.repoRoot);
 
   const newServer = (): Server => {
-    const server = new Server({ name: config.serverName, version }, { capabilities: { tools: {} } });
+    const server = new Server({ name: config.serverName, version }, { capabilities: { tools: {} }, instructions });
     server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: tools.listTools() }));
     // extra.signal fires on the client's notifications/cancelled; the SDK then sends no response.
     // extra.authInfo is what the HTTP front door authenticated (http.ts); none on stdio.

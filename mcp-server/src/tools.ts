@@ -4,6 +4,8 @@ import { hasScope, RateLimiter, requiredScope, type Principal } from "./auth.js"
 import type { WorkerBridge } from "./bridge.js";
 import { asBridgeError, BridgeError } from "./errors.js";
 import { isObject, type JsonObject } from "./json.js";
+import { listedAnnotations, listedInputSchema, listedOutputSchema } from "./listing.js";
+import { renderTechniqueResult } from "./render.js";
 import { compileArgumentValidator, type ArgumentValidator } from "./validation.js";
 
 /** One tool as iris_rag/schemas/ defines it (and the worker's `describe` returns it). */
@@ -52,12 +54,17 @@ const textResult = (payload: unknown, extra: Partial<CallToolResult> = {}): Call
   ...extra,
 });
 
-export function successResult(result: unknown): CallToolResult {
+/**
+ * A tool's result: structuredContent is the whole object; the text content is the same JSON, except for the
+ * technique tools, whose text is the answer and its sources (render.ts).
+ */
+export function successResult(result: unknown, asAnswer = false): CallToolResult {
   // Every tool declares an outputSchema, so clients require structuredContent to be an object.
   if (!isObject(result)) {
     return errorResult(new BridgeError("INTERNAL_ERROR", `The worker returned a ${typeof result} result instead of an object`));
   }
-  return textResult(result, { structuredContent: result });
+  if (!asAnswer) return textResult(result, { structuredContent: result });
+  return { content: [{ type: "text", text: renderTechniqueResult(result) }], structuredContent: result };
 }
 
 export function errorResult(error: BridgeError): CallToolResult {
@@ -110,9 +117,9 @@ export class ToolRouter {
       name,
       ...(title !== undefined && { title }),
       ...(description !== undefined && { description }),
-      inputSchema,
-      ...(outputSchema !== undefined && { outputSchema }),
-      ...(annotations !== undefined && { annotations }),
+      inputSchema: listedInputSchema(inputSchema),
+      ...(outputSchema !== undefined && { outputSchema: listedOutputSchema(outputSchema) }),
+      ...(annotations !== undefined && { annotations: listedAnnotations(annotations) }),
     }));
   }
 
@@ -154,7 +161,7 @@ export class ToolRouter {
       const params = technique ? { technique, arguments: args } : (args as JsonObject);
       const method = technique ? "execute" : entry.spec.bridge.method;
       const result = await this.bridge.request(method, params, { signal, ...(principal && { principal }) });
-      return successResult(result);
+      return successResult(result, technique !== undefined);
     } catch (error) {
       const bridgeError = asBridgeError(error);
       if (!recordedByWorker(bridgeError)) this.recordFrontEndFailure(name, technique, started, bridgeError.code, principal);

@@ -81,5 +81,16 @@ async def session(
     params = StdioServerParameters(command="node", args=[str(server_entry)], env=server_env, cwd=repo_root)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         with anyio.fail_after(INITIALIZE_TIMEOUT_S):
-            await client.initialize()
+            initialized = await client.initialize()
+        SERVER_INSTRUCTIONS[id(client)] = initialized.instructions or ""
         yield client
+
+
+# What each session's server said in `initialize` (instructions), by id(session).
+SERVER_INSTRUCTIONS: dict[int, str] = {}
+
+
+@pytest.fixture(scope="module")
+def server_instructions(session: ClientSession) -> str:
+    """The `instructions` the server sent this module's session."""
+    return SERVER_INSTRUCTIONS[id(session)]

@@ -165,3 +165,15 @@ class RawServer:
                 self.process.kill()
                 self.process.wait(timeout=10)
         self._stderr.close()
+
+
+def result_json(result: CallToolResult) -> dict[str, Any]:
+    """A tool result as JSON: structuredContent on success, else the error object the text content carries.
+
+    (A technique tool's text content is its answer and sources for the model, not JSON.)
+    """
+    if not result.isError and result.structuredContent is not None:
+        return result.structuredContent
+    text = "".join(c.text for c in result.content if c.type == "text")
+    body: dict[str, Any] = json.loads(text)
+    return body

@@ -11,12 +11,12 @@ from typing import Any
 import anyio
 import pytest
 from mcp import ClientSession
-from mcp.types import TextContent
 
 from iris_rag.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS
+from tests.e2e.mcp_harness import result_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -34,11 +34,8 @@ TOOLS = ("rag_basic", "rag_hybrid_ifind", "rag_noderag", "rag_graphrag", "rag_co
 async def call(session: ClientSession, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     with anyio.fail_after(CALL_TIMEOUT_S):
         result = await session.call_tool(name, arguments)
-    content = result.content[0]
-    assert isinstance(content, TextContent)
-    assert not result.isError, content.text
-    answer: dict[str, Any] = json.loads(content.text)
-    return answer
+    assert not result.isError, result.content
+    return result_json(result)
 
 
 async def top_ids(session: ClientSession, tool: str) -> list[str]:

@@ -3,7 +3,6 @@ start, or only some techniques are served: every failure is answered, explained 
 
 from __future__ import annotations
 
-import json
 import stat
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +17,7 @@ from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, TextContent
 
 from iris_rag.schemas import tool_specs
+from tests.e2e.mcp_harness import result_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -57,9 +57,8 @@ def connect(repo_root: Path, server_entry: Path, server_env: dict[str, str], tmp
 async def call(session: ClientSession, name: str, arguments: dict[str, Any]) -> tuple[CallToolResult, Any]:
     with anyio.fail_after(CALL_TIMEOUT_S):
         result = await session.call_tool(name, arguments)
-    content = result.content[0]
-    assert isinstance(content, TextContent)
-    return result, json.loads(content.text)
+    assert isinstance(result.content[0], TextContent)
+    return result, result_json(result)
 
 
 async def test_time_outs_refusals_and_unknown_tools_are_each_recorded_once(connect: Connect) -> None:

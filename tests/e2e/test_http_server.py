@@ -23,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import TextContent
 
 from iris_rag.schemas import tool_specs
+from tests.e2e.mcp_harness import result_json
 from tests.e2e.test_mcp_server import DOCUMENTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -143,9 +144,8 @@ async def call(client: ClientSession, name: str, arguments: dict[str, Any]) -> t
     """(isError, the result's JSON)."""
     with anyio.fail_after(CALL_TIMEOUT_S):
         result = await client.call_tool(name, arguments)
-    content = result.content[0]
-    assert isinstance(content, TextContent)
-    return bool(result.isError), json.loads(content.text)
+    assert isinstance(result.content[0], TextContent)
+    return bool(result.isError), result_json(result)
 
 
 async def _seed(server: HttpServer) -> None:

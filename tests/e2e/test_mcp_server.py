@@ -11,6 +11,7 @@ from mcp import ClientSession
 from mcp.types import CallToolResult, TextContent
 
 from iris_rag.schemas import tool_specs
+from tests.e2e.mcp_harness import result_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -41,13 +42,12 @@ CALL_TIMEOUT_S = 120  # the first ingest also loads the embedding model
 async def call(
     session: ClientSession, name: str, arguments: dict[str, Any]
 ) -> tuple[CallToolResult, dict[str, Any]]:
-    """Call a tool; return the result and its text content parsed as JSON."""
+    """Call a tool; return the result and its JSON (structuredContent, or the error in the text)."""
     with anyio.fail_after(CALL_TIMEOUT_S):
         result = await session.call_tool(name, arguments)
     assert len(result.content) == 1
-    content = result.content[0]
-    assert isinstance(content, TextContent)
-    return result, json.loads(content.text)
+    assert isinstance(result.content[0], TextContent)
+    return result, result_json(result)
 
 
 async def test_lists_every_tool_with_its_schemas(session: ClientSession) -> None:
@@ -73,7 +73,6 @@ async def test_ingests_then_answers_from_the_ingested_documents(session: ClientS
     query = {"query": "Which river flows through Paris?", "collection_id": "e2e", "options": {"top_k": 2}}
     result, answer = await call(session, "rag_basic", query)
     assert not result.isError, answer
-    assert result.structuredContent == answer
     assert answer["success"] is True
     assert answer["technique"] == "basic"
     retrieved = answer["retrieved_documents"]
@@ -89,12 +88,34 @@ async def test_every_technique_answers_through_mcp(session: ClientSession, tool:
     arguments = {"query": "Which river flows through Paris?", "collection_id": "e2e", "options": {"top_k": 2}}
     result, answer = await call(session, tool, arguments)
     assert not result.isError, answer
-    assert result.structuredContent == answer
     assert answer["technique"] == tool.removeprefix("rag_")
     assert answer["retrieved_documents"][0]["id"] == "seine"
     assert "[1]" in answer["answer"]
     evidence, body = await call(session, tool, {**arguments, "options": {"generate": False}})
     assert not evidence.isError and body["answer"] is None
+
+
+async def test_tool_list_fits_a_small_budget_and_says_which_tool_to_start_with(
+    session: ClientSession, server_instructions: str
+) -> None:
+    listed = await session.list_tools()
+    size = len(listed.model_dump_json(by_alias=True, exclude_none=True))
+    assert size < 24_000, f"tools/list is {size} characters"
+    assert "Start with rag_hybrid_ifind" in server_instructions
+    hyde = next(tool for tool in listed.tools if tool.name == "rag_hyde")
+    assert hyde.description is not None and "without one it ranks worse than rag_basic" in hyde.description
+
+
+async def test_a_technique_result_reads_as_answer_and_numbered_sources(session: ClientSession) -> None:
+    await call(session, "rag_ingest", {"collection_id": "e2e", "documents": DOCUMENTS})
+    query = {"query": "Which river flows through Paris?", "collection_id": "e2e", "options": {"top_k": 5}}
+    result, answer = await call(session, "rag_hybrid_ifind", query)
+    text = result.content[0]
+    assert isinstance(text, TextContent) and not result.isError
+    assert text.text.startswith(answer["answer"])
+    assert "\n[1] Paris | document seine | chunks seine#0 | score " in text.text
+    # What the model reads is about a third of the JSON; the whole result stays in structuredContent.
+    assert len(text.text) < len(json.dumps(answer)) / 2
 
 
 async def test_invalid_arguments_are_rejected_with_invalid_parameters(session: ClientSession) -> None:

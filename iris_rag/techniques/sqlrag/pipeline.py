@@ -65,7 +65,7 @@ SqlSource = Literal["caller", "llm"]
 
 
 # At least one character that is not whitespace (what the JSON Schema says, in its own regex syntax).
-NOT_BLANK = r"[^\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+NOT_BLANK = r"[^\s\x1c-\x1f\x85\ufeff]"
 TABLE_NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
 
 

@@ -3,6 +3,7 @@ import { describe, it } from "node:test";
 
 import type { WorkerBridge } from "../bridge.js";
 import { BridgeError } from "../errors.js";
+import { listedAnnotations, listedInputSchema, listedOutputSchema } from "../listing.js";
 import { ToolRouter } from "../tools.js";
 import { realToolSpecs } from "./helpers.js";
 
@@ -26,7 +27,7 @@ const describeResult = () => ({ server: { name: "iris-rag", version: "0.1.0" }, 
 const parseText = (result: { content: unknown[] }) => JSON.parse((result.content[0] as { text: string }).text) as Record<string, any>;
 
 describe("ToolRouter", () => {
-  it("lists each tool's public fields exactly as described, without the bridge routing", async () => {
+  it("lists each tool's public fields as listing.ts shows them, without the bridge routing", async () => {
     const { bridge } = fakeBridge({ describe: describeResult });
     const tools = await new ToolRouter(bridge, realToolSpecs()).listTools();
     const specs = realToolSpecs();
@@ -35,19 +36,26 @@ describe("ToolRouter", () => {
       specs.map((spec) => spec.name),
     );
     for (const [index, tool] of tools.entries()) {
-      const { bridge: _routing, ...expected } = specs[index]!;
-      assert.deepEqual(tool, expected);
+      const { name, title, description, inputSchema, outputSchema, annotations } = specs[index]!;
+      assert.deepEqual(tool, {
+        name,
+        title,
+        description,
+        inputSchema: listedInputSchema(inputSchema),
+        outputSchema: listedOutputSchema(outputSchema),
+        annotations: listedAnnotations(annotations!),
+      });
     }
   });
 
-  it("forwards a technique tool as execute {technique, arguments} and returns text plus structuredContent", async () => {
-    const answer = { success: true, technique: "basic", answer: "42" };
+  it("forwards a technique tool as execute {technique, arguments} and returns the answer as text plus structuredContent", async () => {
+    const answer = { success: true, technique: "basic", answer: "42", retrieved_documents: [] };
     const { bridge, calls } = fakeBridge({ describe: describeResult, execute: () => answer });
     const args = { query: "What?", options: { top_k: 2 } };
     const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_basic", args);
     assert.equal(result.isError, undefined);
     assert.deepEqual(result.structuredContent, answer);
-    assert.deepEqual(parseText(result), answer);
+    assert.match((result.content[0] as { text: string }).text, /^42\n\nPassages \(basic, /);
     assert.deepEqual(calls.at(-1), { method: "execute", params: { technique: "basic", arguments: args } });
   });
 
