@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag import progress
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import ModelUnavailableError
 from iris_rag.settings import PACKAGED_MODEL_NAME
@@ -39,6 +40,7 @@ BULK_SLICE_CHARS = 16_000
 """Characters of text per turn of bulk work on the encode thread (16 chunks, or hundreds of short names):
 the most work a query's encode waits for (see map_bulk)."""
 
+LOAD_HEARTBEAT_S = 1.0  # how often a request waiting for the model to load reports progress
 QUERY_WINDOW_S = 1.0
 """For this long after a query's encode, bulk work leaves one core to the queries (see _use_threads)."""
 
@@ -187,10 +189,19 @@ class Embedder:
             self._query_model = copy.deepcopy(self._model)
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Block until the model is loaded; raise if loading failed."""
-        if not self._ready.wait(timeout):
-            msg = f"embedding model {self.model_name} is still loading"
-            raise ModelUnavailableError(msg)
+        """Block until the model is loaded; raise if loading failed.
+
+        While it loads, the waiting request reports progress every second, so a first ingest that waits
+        for the model is not cut off by the front end's time limit.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready.is_set():
+            remaining = LOAD_HEARTBEAT_S if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                msg = f"embedding model {self.model_name} is still loading"
+                raise ModelUnavailableError(msg)
+            if not self._ready.wait(min(remaining, LOAD_HEARTBEAT_S)):
+                progress.advance("waiting for the embedding model to load")
         if self.state != "ready":
             msg = f"embedding model {self.model_name} failed to load: {self.error}"
             raise ModelUnavailableError(msg)
@@ -269,7 +280,7 @@ class Embedder:
         A slice holds items up to `bulk_slice_chars` of `cost` (an item's characters), at least one. Each
         slice is queued only when the previous one is done, so a query's encode waits for at most one
         slice, and bulk callers take turns. Between slices (on the caller's thread) the request's
-        cancellation is checked.
+        cancellation is checked and its progress advanced.
         """
         self.wait_ready()
 
@@ -289,6 +300,7 @@ class Embedder:
             if filled >= self.bulk_slice_chars or position == len(items) - 1:
                 check_cancelled()
                 results.append(self._encode_thread.submit(Priority.BULK, run, self._model, part).result())
+                progress.advance(f"{position + 1}/{len(items)}")
                 part, filled = [], 0
         return results
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag import progress
 from iris_rag.cancellation import check_cancelled
 from iris_rag.embedder import Embedder
 from iris_rag.errors import InvalidParametersError
@@ -145,7 +146,11 @@ class Ingestor:
 
         check_cancelled()
         texts = [embedding_text(doc.title, span.text) for _, doc, spans in accepted for span in spans]
-        shared = self._encoding_source.encode_chunks(texts) if self._encoding_source and texts else None
+        shared = None
+        if self._encoding_source and texts:
+            progress.stage(f"encoding {len(texts)} chunks with token vectors")
+            shared = self._encoding_source.encode_chunks(texts)
+        progress.stage(f"embedding {len(texts)} chunks of {len(accepted)} documents")
         vectors, result.embeddings_reused = self._embed(texts, shared)
 
         inputs: list[DocumentInput] = []
@@ -168,8 +173,10 @@ class Ingestor:
         prepared: dict[str, Any] = {}
         for index in self.technique_indexes:
             check_cancelled()
+            progress.stage(f"building the {index.name} index")
             prepared[index.name] = index.prepare(collection_id, inputs)
         check_cancelled()
+        progress.stage("committing")
         if inputs:
             result.chunks_created = self.store.upsert_documents(
                 collection_id, inputs, prepared, new_collection=new_collection

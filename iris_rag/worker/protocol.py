@@ -98,6 +98,14 @@ def error_line(request_id: RequestId, error: dict[str, Any]) -> bytes:
     )
 
 
+def progress_line(request_id: RequestId, steps: int, message: str) -> bytes:
+    """A step of a running request (an event, not its answer): the front end relays it to the client."""
+    return orjson.dumps(
+        {"id": request_id, "event": "progress", "progress": steps, "message": message},
+        option=orjson.OPT_APPEND_NEWLINE,
+    )
+
+
 def ready_line(pid: int) -> bytes:
     """The line written once the worker can serve: it tells a start-up failure from a crash."""
     return orjson.dumps({"id": None, "event": "ready", "pid": pid}, option=orjson.OPT_APPEND_NEWLINE)

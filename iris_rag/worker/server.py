@@ -4,9 +4,10 @@ No event loop sits between the two: a pool thread writes its own answer the mome
 lock, so lines never interleave), which saves a thread wake-up per request over handing the answer back.
 
 Each work request gets a CancelToken, current on the thread that runs it; a `cancel` request (the front
-end's client cancel or time-out) sets it, and the work stops at its next `check_cancelled()`. At most
-`max_in_flight` work requests are accepted at once (the front end's MAX_CONCURRENT_REQUESTS): a front end
-that gave up waiting on a wedged call cannot pile more calls into the pool than that.
+end's client cancel or time-out) sets it, and the work stops at its next `check_cancelled()`. It gets a
+ProgressSink too: each step it reports goes out at once as a `progress` event line with its request id.
+At most `max_in_flight` work requests are accepted at once (the front end's MAX_CONCURRENT_REQUESTS): a
+front end that gave up waiting on a wedged call cannot pile more calls into the pool than that.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, BinaryIO
 
 from iris_rag.cancellation import CancelToken, cancellation_scope
 from iris_rag.errors import RagError
+from iris_rag.progress import ProgressSink, progress_scope
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -30,6 +32,7 @@ from iris_rag.worker.protocol import (
     RequestId,
     error_line,
     parse_request,
+    progress_line,
     read_request_id,
     ready_line,
     success_line,
@@ -88,7 +91,8 @@ class WorkerServer:
             if token is None:
                 ok, payload = self.dispatcher.call(request.method, request.params, request.principal)
             else:
-                with cancellation_scope(token):
+                sink = ProgressSink(lambda steps, message: self._progress(request.id, steps, message))
+                with cancellation_scope(token), progress_scope(sink):
                     ok, payload = self.dispatcher.call(request.method, request.params, request.principal)
         finally:
             with self._tokens_lock:
@@ -98,6 +102,12 @@ class WorkerServer:
         except OSError as exc:
             # The front end has gone (a broken pipe): nobody is left to answer.
             logger.warning("could not answer request %r: %s", request.id, exc)
+
+    def _progress(self, request_id: RequestId, steps: int, message: str) -> None:
+        try:
+            self.write(progress_line(request_id, steps, message))
+        except OSError as exc:  # the front end has gone; the answer's write will say so too
+            logger.debug("could not report progress of %r: %s", request_id, exc)
 
     def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
         """Set the token of a running or waiting request; unknown ids (already answered) are a no-op."""

@@ -38,6 +38,17 @@ export interface RequestOptions {
   signal?: AbortSignal;
   /** The HTTP caller the worker serves this call for (its collection grants); absent: the local user. */
   principal?: Principal;
+  /**
+   * Each step the worker reports for this call (an ingest's batches and stages). A step also restarts the
+   * call's time limit: a long call that keeps making progress is not cut off at timeoutMs.
+   */
+  onProgress?: (progress: Progress) => void;
+}
+
+/** One step of a running call, as the worker reported it (steps only grow). */
+export interface Progress {
+  progress: number;
+  message: string;
 }
 
 interface Call {
@@ -49,6 +60,8 @@ interface Call {
   resolve: (result: unknown) => void;
   reject: (error: BridgeError) => void;
   timer?: NodeJS.Timeout;
+  timeoutMs: number;
+  onProgress?: (progress: Progress) => void;
   /** The caller has its answer (result, error, time-out or cancel); the slot may still be held. */
   answered: boolean;
   onAbort?: () => void;
@@ -108,7 +121,7 @@ export class WorkerBridge {
 
   /** Send one request; resolves with the worker's `result`, rejects with a BridgeError. */
   request(method: string, params: object = {}, options: RequestOptions = {}): Promise<unknown> {
-    const { timeoutMs = this.options.requestTimeoutMs, signal, principal } = options;
+    const { timeoutMs = this.options.requestTimeoutMs, signal, principal, onProgress } = options;
     return new Promise((resolve, reject) => {
       if (this.stopped) {
         reject(new BridgeError("WORKER_UNAVAILABLE", "The bridge is shut down"));
@@ -139,9 +152,9 @@ export class WorkerBridge {
         reject(new BridgeError("INVALID_PARAMETERS", `The arguments cannot be sent as JSON: ${(error as Error).message}`));
         return;
       }
-      const call: Call = { id, method, lane, line, resolve, reject, answered: false, signal };
+      const call: Call = { id, method, lane, line, resolve, reject, answered: false, signal, timeoutMs, onProgress };
       // The clock runs from the call, not from dispatch: time spent queued counts against the limit.
-      call.timer = setTimeout(() => this.expire(call, timeoutMs), timeoutMs);
+      call.timer = setTimeout(() => this.expire(call), timeoutMs);
       if (signal) {
         call.onAbort = () => this.abort(call);
         signal.addEventListener("abort", call.onAbort, { once: true });
@@ -261,6 +274,10 @@ export class WorkerBridge {
         this.workerReady = true;
         return;
       }
+      if (isObject(parsed) && parsed.event === "progress") {
+        this.onProgress(parsed);
+        return;
+      }
       if (!isObject(parsed) || typeof parsed.success !== "boolean") throw new Error("not a response object");
       response = parsed as unknown as WorkerResponse;
     } catch (error) {
@@ -295,9 +312,19 @@ export class WorkerBridge {
     }
   }
 
-  private expire(call: Call, timeoutMs: number): void {
+  /** A step of a running call: restart its time limit and pass the step on. */
+  private onProgress(event: Record<string, unknown>): void {
+    const call = this.sent.get(String(event.id));
+    if (!call || call.answered || typeof event.progress !== "number") return;
+    clearTimeout(call.timer);
+    call.timer = setTimeout(() => this.expire(call), call.timeoutMs);
+    call.onProgress?.({ progress: event.progress, message: typeof event.message === "string" ? event.message : "" });
+  }
+
+  private expire(call: Call): void {
+    const { timeoutMs } = call;
     const queued = this.dropQueued(call);
-    const error = new BridgeError("TIMEOUT_EXCEEDED", `${call.method} did not answer within ${timeoutMs} ms`, {
+    const error = new BridgeError("TIMEOUT_EXCEEDED", `${call.method} did not answer or report progress within ${timeoutMs} ms`, {
       timeout_ms: timeoutMs,
       // Whether the worker ever got it: if not, only the front end can record the call.
       stage: queued ? "queued" : "running",

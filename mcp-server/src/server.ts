@@ -6,7 +6,7 @@ import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 import type { Principal } from "./auth.js";
-import { WorkerBridge } from "./bridge.js";
+import { WorkerBridge, type Progress } from "./bridge.js";
 import type { Config } from "./config.js";
 import { loadInstructions, loadToolSpecs, servedToolSpecs } from "./schemas.js";
 import { ToolRouter } from "./tools.js";
@@ -47,9 +47,18 @@ export function createServer(config: Config): IrisRagServer {
     server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: tools.listTools() }));
     // extra.signal fires on the client's notifications/cancelled; the SDK then sends no response.
     // extra.authInfo is what the HTTP front door authenticated (http.ts); none on stdio.
-    server.setRequestHandler(CallToolRequestSchema, async (request, extra) =>
-      tools.callTool(request.params.name, request.params.arguments, extra.signal, principalOf(extra.authInfo)),
-    );
+    server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
+      // A client that sent a progressToken gets each step of the call (an ingest's batches) as it happens.
+      const token = request.params._meta?.progressToken;
+      const onProgress =
+        token === undefined
+          ? undefined
+          : ({ progress, message }: Progress) =>
+              void extra
+                .sendNotification({ method: "notifications/progress", params: { progressToken: token, progress, message } })
+                .catch((error: unknown) => console.error(`[iris-rag] could not send progress: ${String(error)}`));
+      return tools.callTool(request.params.name, request.params.arguments, extra.signal, principalOf(extra.authInfo), onProgress);
+    });
     return server;
   };
 

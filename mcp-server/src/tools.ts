@@ -1,7 +1,7 @@
 import type { CallToolResult, Tool } from "@modelcontextprotocol/sdk/types.js";
 
 import { hasScope, RateLimiter, requiredScope, type Principal } from "./auth.js";
-import type { WorkerBridge } from "./bridge.js";
+import type { Progress, WorkerBridge } from "./bridge.js";
 import { asBridgeError, BridgeError } from "./errors.js";
 import { isObject, type JsonObject } from "./json.js";
 import { listedAnnotations, listedInputSchema, listedOutputSchema } from "./listing.js";
@@ -125,9 +125,16 @@ export class ToolRouter {
 
   /**
    * One tools/call; `signal` (the client's notifications/cancelled) cancels it in the worker too.
-   * `principal` is the HTTP caller (absent on stdio: the local user may call everything).
+   * `principal` is the HTTP caller (absent on stdio: the local user may call everything). `onProgress`
+   * gets the worker's steps (the client asked for them with a progressToken).
    */
-  async callTool(name: string, args: unknown = {}, signal?: AbortSignal, principal?: Principal): Promise<CallToolResult> {
+  async callTool(
+    name: string,
+    args: unknown = {},
+    signal?: AbortSignal,
+    principal?: Principal,
+    onProgress?: (progress: Progress) => void,
+  ): Promise<CallToolResult> {
     const started = performance.now();
     const entry = this.catalog.get(name);
     const fail = (error: BridgeError, technique?: string): CallToolResult => {
@@ -160,7 +167,7 @@ export class ToolRouter {
     try {
       const params = technique ? { technique, arguments: args } : (args as JsonObject);
       const method = technique ? "execute" : entry.spec.bridge.method;
-      const result = await this.bridge.request(method, params, { signal, ...(principal && { principal }) });
+      const result = await this.bridge.request(method, params, { signal, onProgress, ...(principal && { principal }) });
       return successResult(result, technique !== undefined);
     } catch (error) {
       const bridgeError = asBridgeError(error);

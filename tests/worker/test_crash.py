@@ -58,7 +58,9 @@ class Worker:
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            self.responses.put(orjson.loads(line))
+            message = orjson.loads(line)
+            if "event" not in message:  # the ready line and progress events are not answers
+                self.responses.put(message)
 
     def send(self, method: str, params: dict[str, Any]) -> str:
         self._next += 1

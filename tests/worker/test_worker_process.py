@@ -32,6 +32,7 @@ class WorkerProcess:
             stderr=subprocess.DEVNULL,
         )
         self.raw_lines: list[bytes] = []
+        self.events: list[dict[str, Any]] = []
         self.responses: queue.Queue[dict[str, Any]] = queue.Queue()
         self.order: list[Any] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -42,7 +43,8 @@ class WorkerProcess:
         for line in self.process.stdout:
             self.raw_lines.append(line)
             message = orjson.loads(line)  # a non-JSON line fails the test through all_lines_are_json
-            if "event" in message:  # the ready line, not an answer
+            if "event" in message:  # the ready line or a progress event, not an answer
+                self.events.append(message)
                 continue
             self.order.append(message["id"])
             self.responses.put(message)
@@ -118,6 +120,18 @@ def test_describe_and_health_answer_while_the_model_loads(worker: WorkerProcess)
     assert worker.order.index(describe) < worker.order.index(slow)
     assert worker.order.index(health) < worker.order.index(slow)
     assert worker.all_lines_are_json()
+
+
+def test_an_ingest_reports_its_steps_before_its_answer(worker: WorkerProcess) -> None:
+    ingest = worker.call("ingest", {"collection_id": "docs", "documents": DOCUMENTS})
+    assert ingest["success"]
+    steps = [event for event in worker.events if event["event"] == "progress" and event["id"] == ingest["id"]]
+    progress = [event["progress"] for event in steps]
+    assert len(steps) >= 3 and progress == sorted(set(progress)), steps
+    messages = [event["message"] for event in steps]
+    assert any(m.startswith("embedding 3 chunks of 3 documents") for m in messages), messages
+    assert messages[-1] == "committing"
+    assert not any(event["event"] == "progress" for event in worker.events if event["id"] != ingest["id"])
 
 
 def test_full_session_and_bad_input(worker: WorkerProcess) -> None:
