@@ -282,7 +282,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--collection", default=None, help="collection to use (default eval-<folder>)")
     evaluate.set_defaults(handler=cmd_eval)
+
+    mcp = commands.add_parser(
+        "mcp", help="serve MCP (Node 20+ runs the bundled front end; this Python runs the worker)"
+    )
+    mcp.add_argument(
+        "--transport",
+        choices=["stdio", "http"],
+        default=None,
+        help="stdio (default) or Streamable HTTP (MCP_SERVER_HOST, MCP_SERVER_PORT); sets MCP_TRANSPORT",
+    )
     return parser
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve MCP: the bundled Node front end, its worker run by this Python (never returns on POSIX)."""
+    from iris_rag.launcher import LaunchError, serve
+
+    try:
+        return serve(args.transport)
+    except LaunchError as exc:
+        print(f"iris-rag mcp: {exc}", file=sys.stderr)
+        return 2
 
 
 def _idle_embedder(settings: Settings) -> Embedder:
@@ -292,6 +313,9 @@ def _idle_embedder(settings: Settings) -> Embedder:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line."""
     args = build_parser().parse_args(argv)
+    if args.command == "mcp":
+        # The worker builds its own settings and store; this process only becomes the front end.
+        return cmd_mcp(args)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     limit_blas_threads()
     settings = Settings()

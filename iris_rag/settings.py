@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -13,6 +14,19 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def default_data_dir() -> Path:
+    """RAG_DATA_DIR's default: ./data in a source checkout, else the user's data folder.
+
+    In a checkout the front end runs the worker at the repository root, so ./data is the repository's. An
+    installed package's worker runs in site-packages, and an MCP host starts it from any directory, so
+    there the data lives where XDG puts an application's: $XDG_DATA_HOME/iris-rag (~/.local/share/iris-rag).
+    """
+    if (Path(__file__).resolve().parent.parent / "pyproject.toml").is_file():
+        return Path("data")
+    base = os.environ.get("XDG_DATA_HOME", "").strip()
+    return (Path(base) if base else Path.home() / ".local" / "share") / "iris-rag"
+
+
 class Settings(BaseSettings):
     """Every setting of the worker; see .env.template for the documented list."""
 
@@ -22,7 +36,7 @@ class Settings(BaseSettings):
     store: Literal["sqlite", "postgres"] = Field("sqlite", validation_alias="RAG_STORE")
     # A secret: its password never reaches a log or a reply (llm_secrets carries it to redaction).
     postgres_url: SecretStr | None = Field(None, validation_alias="RAG_POSTGRES_URL")
-    data_dir: Path = Field(Path("data"), validation_alias="RAG_DATA_DIR")
+    data_dir: Path = Field(default_factory=default_data_dir, validation_alias="RAG_DATA_DIR")
     default_collection: str = Field("default", validation_alias="RAG_DEFAULT_COLLECTION")
 
     # Embeddings

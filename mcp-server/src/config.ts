@@ -6,7 +6,7 @@ import { parseTechniques } from "./schemas.js";
 
 /** Everything the front end reads from the environment, parsed once at start. */
 export interface Config {
-  /** The repository root: the worker runs here so `-m iris_rag.bridge` resolves. */
+  /** The repository root (site-packages for the bundle): the worker runs here so `-m iris_rag.bridge` resolves. */
   repoRoot: string;
   /** Python executable that runs the worker. */
   python: string;
@@ -40,7 +40,10 @@ export interface HttpConfig {
   sessionIdleMs: number;
 }
 
-/** Two levels up from mcp-server/dist/ (or mcp-server/src/ when run from source). */
+/**
+ * The folder holding iris_rag/: two levels up from mcp-server/dist/ (or mcp-server/src/ when run from
+ * source), and from iris_rag/frontend/server.mjs, the bundle an installed package runs (site-packages).
+ */
 export const REPO_ROOT = resolve(fileURLToPath(new URL("../../", import.meta.url)));
 
 function integer(env: NodeJS.ProcessEnv, name: string, fallback: number, min = 1): number {
