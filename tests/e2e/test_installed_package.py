@@ -4,7 +4,6 @@ environment with its dependencies, serves MCP through `iris-rag mcp` from a dire
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from mcp.types import TextContent
 
 from iris_rag.schemas import tool_specs
 from tests.conftest import ROOT
+from tests.e2e.mcp_harness import result_json
 
 pytestmark = [pytest.mark.e2e]
 
@@ -150,9 +150,8 @@ async def test_installed_command_serves_mcp_from_any_directory(venv: Path, tmp_p
 async def _call(session: ClientSession, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     with anyio.fail_after(CALL_TIMEOUT_S):
         result = await session.call_tool(name, arguments)
-    content = result.content[0]
-    assert isinstance(content, TextContent)
-    body: dict[str, Any] = json.loads(content.text)
+    assert isinstance(result.content[0], TextContent)
+    body = result_json(result)
     assert not result.isError, body
     return body
 
