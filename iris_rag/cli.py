@@ -137,6 +137,13 @@ def cmd_delete_collection(args: argparse.Namespace, service: RagService) -> int:
     return 0
 
 
+def cmd_describe(args: argparse.Namespace, service: RagService) -> int:
+    """Set a collection's description (rag_update_collection)."""
+    arguments = {"collection_id": args.collection, "description": args.description}
+    print(orjson.dumps(service.update_collection(arguments), option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
 def cmd_health(args: argparse.Namespace, service: RagService) -> int:
     """Print the health report; exit 1 when unhealthy (a container HEALTHCHECK)."""
     if args.quick:
@@ -256,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     drop.add_argument("collection")
     drop.add_argument("--yes", action="store_true", help="confirm")
     drop.set_defaults(handler=cmd_delete_collection)
+
+    describe = commands.add_parser("describe", help="set a collection's description")
+    describe.add_argument("collection")
+    describe.add_argument("description")
+    describe.set_defaults(handler=cmd_describe)
 
     health = commands.add_parser("health", help="check the store and the model; exit 1 when unhealthy")
     health.add_argument("--quick", action="store_true", help="skip loading the model (for container checks)")

@@ -130,6 +130,7 @@ class RagService:
             "list_documents": self.list_documents,
             "delete_documents": self.delete_documents,
             "delete_collection": self.delete_collection,
+            "update_collection": self.update_collection,
             "health_check": self.health_check,
             "metrics": self.metrics,
         }
@@ -209,6 +210,7 @@ class RagService:
                     "dimension": c.dimension,
                     "created_at": c.created_at,
                     "updated_at": c.updated_at,
+                    "description": c.description,
                 }
                 for c in self.store.list_collections()
                 if access.can_see(c.id)
@@ -329,6 +331,21 @@ class RagService:
         if deleted is None:  # deleted meanwhile by another call or process
             raise access.collection_not_found(collection_id, [c.id for c in self.store.list_collections()])
         return {"collection_id": collection_id, "deleted": True, "documents_deleted": deleted}
+
+    def update_collection(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_update_collection: set the collection's description."""
+        arguments = validate_arguments("rag_update_collection", params)
+        collection_id: str = arguments["collection_id"]
+        access.require_writable(collection_id)
+        self._visible_collection(collection_id)
+        updated = self.store.set_description(collection_id, arguments["description"])
+        if updated is None:  # deleted meanwhile by another call or process
+            raise access.collection_not_found(collection_id, [c.id for c in self.store.list_collections()])
+        return {
+            "collection_id": updated.id,
+            "description": updated.description,
+            "updated_at": updated.updated_at,
+        }
 
     def metrics(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_metrics."""

@@ -157,3 +157,24 @@ def test_the_cli_deletes_a_collection_only_with_yes(
     confirmed = build_parser().parse_args(["delete-collection", "docs", "--yes"])
     assert confirmed.handler(confirmed, loaded) == 0
     assert loaded.list_collections({})["collections"] == []
+
+
+def test_a_collection_description_is_set_listed_and_replaced(loaded: RagService) -> None:
+    listed = {c["id"]: c for c in loaded.list_collections({})["collections"]}
+    assert listed["docs"]["description"] == ""
+    set_once = loaded.update_collection({"collection_id": "docs", "description": "Science notes."})
+    assert set_once["description"] == "Science notes." and set_once["updated_at"]
+    loaded.update_collection({"collection_id": "docs", "description": "Notes on tides."})
+    listed = {c["id"]: c for c in loaded.list_collections({})["collections"]}
+    assert listed["docs"]["description"] == "Notes on tides."
+    assert listed["docs"]["document_count"] == 8, "describing a collection leaves its documents alone"
+
+
+def test_describing_a_missing_or_unwritable_collection_is_refused(loaded: RagService) -> None:
+    with pytest.raises(CollectionNotFoundError):
+        loaded.update_collection({"collection_id": "nope", "description": "x"})
+    with pytest.raises(InvalidParametersError):
+        loaded.update_collection({"collection_id": "docs", "description": "x" * 2001})
+    reader = Principal("reader", frozenset({"read"}), frozenset({"docs"}))
+    with principal_scope(reader), pytest.raises(ForbiddenError):
+        loaded.update_collection({"collection_id": "docs", "description": "mine now"})

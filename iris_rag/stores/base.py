@@ -59,6 +59,7 @@ class CollectionInfo:
     chunk_count: int = 0
     created_at: str = ""
     updated_at: str = ""
+    description: str = ""
     # The data version when this was read (DocumentStore.data_version): caches of derived state key on it.
     version: int = 0
 
@@ -167,6 +168,9 @@ class Collections(Protocol):
 
     def list_collections(self) -> list[CollectionInfo]:
         """Every collection with counts."""
+
+    def set_description(self, collection_id: str, description: str) -> CollectionInfo | None:
+        """Set the collection's description; None if there is no such collection."""
 
 
 class Documents(Protocol):

@@ -36,6 +36,7 @@ def collection_info(row: Row) -> CollectionInfo:
         chunk_count=int(row["chunk_count"]),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        description=row["description"],
         version=int(row["version"]),
     )
 

@@ -24,6 +24,30 @@ const SCALAR_KEYWORDS = new Set([
 /** Validation detail listed nowhere. */
 const DROPPED = new Set(["$comment", "pattern", "propertyNames", "minLength", "maxLength"]);
 
+/**
+ * Top-level arguments listed as one line of text instead of a nested schema: `options`, the same block of
+ * seven settings on every technique tool (a structured copy per tool cost 600 characters each).
+ */
+const SUMMARIZED = new Set(["options"]);
+
+/** One value's type, range and default, as `integer 1-50, default 5`. */
+function brief(schema: JsonObject): string {
+  const type = Array.isArray(schema.type) ? schema.type.join("|") : String(schema.type ?? "any");
+  const range = schema.minimum !== undefined || schema.maximum !== undefined ? ` ${String(schema.minimum ?? "")}-${String(schema.maximum ?? "")}` : "";
+  const fallback = schema.default !== undefined ? `, default ${JSON.stringify(schema.default)}` : "";
+  return `${type}${range}${fallback}`;
+}
+
+/** An object schema as `{"type": "object", "description": "a (integer 1-50, default 5); b (boolean): ..."}`. */
+export function summarize(schema: JsonObject): JsonObject {
+  const properties = isObject(schema.properties) ? schema.properties : {};
+  const fields = Object.entries(properties)
+    .filter((entry): entry is [string, JsonObject] => isObject(entry[1]))
+    .map(([name, field]) => `${name} (${brief(field)})${typeof field.description === "string" ? `: ${field.description.replace(/\.$/, "")}` : ""}`);
+  const lead = typeof schema.description === "string" ? `${schema.description} ` : "";
+  return { type: "object", description: `${lead}${fields.join("; ")}` };
+}
+
 /** Input schemas: properties nested deeper than this (options.filters's inner conditions) show their type only. */
 const INPUT_DEPTH = 2;
 /** Output schemas: only the top-level fields and their types; the rest is in the README's tool reference. */
@@ -45,7 +69,10 @@ export function prune(schema: unknown, maxDepth: number, describe: boolean, dept
   const out = pick(schema, (key) => keepKey(key) && !DROPPED.has(key) && !(depth > 0 && key === "additionalProperties"));
   if (isObject(schema.properties)) {
     out.properties = Object.fromEntries(
-      Object.entries(schema.properties).map(([name, child]) => [name, prune(child, maxDepth, describe, depth + 1)]),
+      Object.entries(schema.properties).map(([name, child]) => [
+        name,
+        depth === 0 && describe && SUMMARIZED.has(name) && isObject(child) ? summarize(child) : prune(child, maxDepth, describe, depth + 1),
+      ]),
     );
   }
   if (isObject(schema.items)) out.items = prune(schema.items, maxDepth, describe, depth);
@@ -74,12 +101,25 @@ export function listedOutputSchema<T>(schema: T): T {
   return { ...rest, properties: Object.fromEntries(always) } as T;
 }
 
-/** MCP says destructiveHint and idempotentHint mean nothing on a read-only tool: list only what means something. */
-export function listedAnnotations<T extends { readOnlyHint?: boolean }>(annotations: T): Partial<T> {
-  if (annotations.readOnlyHint !== true) return annotations;
-  const { destructiveHint: _destructive, idempotentHint: _idempotent, ...rest } = annotations as T & {
-    destructiveHint?: boolean;
-    idempotentHint?: boolean;
-  };
-  return rest as Partial<T>;
+/**
+ * Annotations as MCP reads them: idempotentHint false and openWorldHint true (their defaults) are left out,
+ * and so are destructiveHint and idempotentHint on a read-only tool, where MCP says they mean nothing.
+ * readOnlyHint, and a write tool's destructiveHint, are always shown, so neither is ever implicit.
+ */
+export function listedAnnotations<T extends ToolAnnotations>(annotations: T): Partial<T> {
+  const { readOnlyHint, destructiveHint, idempotentHint, openWorldHint, ...rest } = annotations;
+  return {
+    ...rest,
+    ...(readOnlyHint !== undefined && { readOnlyHint }),
+    ...(readOnlyHint !== true && destructiveHint !== undefined && { destructiveHint }),
+    ...(readOnlyHint !== true && idempotentHint === true && { idempotentHint }),
+    ...(openWorldHint === false && { openWorldHint }),
+  } as Partial<T>;
+}
+
+interface ToolAnnotations {
+  readOnlyHint?: boolean;
+  destructiveHint?: boolean;
+  idempotentHint?: boolean;
+  openWorldHint?: boolean;
 }

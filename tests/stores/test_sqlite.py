@@ -96,3 +96,19 @@ def test_call_records_survive_reopen(tmp_path: Path) -> None:
     reopened = SqliteStore(path)
     assert reopened.calls_since(50.0) == [CallRecord(100.0, "rag_basic", "basic", 12.5, True, None)]
     assert reopened.calls_since(150.0) == []
+
+
+def test_a_version_5_database_gains_collection_descriptions_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    old = SqliteStore(path)
+    old.create_collection("c", "model-a", DIM)
+    old.upsert_documents("c", [_document("d1", ["one", "two"])])
+    connection = old._connection()
+    connection.execute("ALTER TABLE collections DROP COLUMN description")  # as version 5 made it
+    connection.execute("PRAGMA user_version = 5")
+    reopened = SqliteStore(path)
+    info = reopened.get_collection("c")
+    assert info is not None and info.description == "" and info.document_count == 1
+    described = reopened.set_description("c", "Numbers.")
+    assert described is not None and described.description == "Numbers."
+    assert reopened.set_description("missing", "x") is None

@@ -280,6 +280,11 @@ CREATE TABLE structured_tables (
 );
 """,
     ),
+    (
+        8,
+        "collections: a description a user sets (rag_update_collection)",
+        "ALTER TABLE collections ADD COLUMN description TEXT NOT NULL DEFAULT '';",
+    ),
 ]
 
 

@@ -182,7 +182,8 @@ class PostgresStore:
         """The collection row, keyword totals and HNSW index, if absent (in the caller's transaction)."""
         now = _now()
         inserted = connection.execute(
-            "INSERT INTO collections VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO collections (id, embedding_model, dimension, created_at, updated_at)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
             (collection_id, embedding_model, dimension, now, now),
         ).rowcount
         connection.execute(
@@ -203,6 +204,15 @@ class PostgresStore:
         """Every collection with counts."""
         rows = self.connection().execute(f"{_COLLECTION_SELECT} ORDER BY c.id").fetchall()
         return [collection_info(row) for row in rows]
+
+    def set_description(self, collection_id: str, description: str) -> CollectionInfo | None:
+        """Set the collection's description; None if there is no such collection."""
+        with self.transaction() as connection:
+            updated = connection.execute(
+                "UPDATE collections SET description = %s, updated_at = %s WHERE id = %s",
+                (description, _now(), collection_id),
+            ).rowcount
+        return self.get_collection(collection_id) if updated else None
 
     # Documents
     def upsert_documents(

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS collections (
     embedding_model TEXT NOT NULL,
     dimension       INTEGER NOT NULL,
     created_at      TEXT NOT NULL,
-    updated_at      TEXT NOT NULL
+    updated_at      TEXT NOT NULL,
+    description     TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS documents (
     collection_id TEXT NOT NULL REFERENCES collections(id) ON DELETE CASCADE,
@@ -315,6 +316,9 @@ class SqliteStore:
         # Version 5: each call record names its caller (HTTP mode); older records have none.
         if "principal" not in {row[1] for row in connection.execute("PRAGMA table_info(calls)")}:
             connection.execute("ALTER TABLE calls ADD COLUMN principal TEXT")
+        # Version 6: a description a user sets (rag_update_collection).
+        if "description" not in {row[1] for row in connection.execute("PRAGMA table_info(collections)")}:
+            connection.execute("ALTER TABLE collections ADD COLUMN description TEXT NOT NULL DEFAULT ''")
         collections = [row[0] for row in connection.execute("SELECT id FROM collections ORDER BY id")]
         for collection_id in collections:
             if not _has_keyword_tables(connection, collection_id):
@@ -465,7 +469,8 @@ class SqliteStore:
         """The collection row and keyword tables if absent (inside the caller's write transaction)."""
         now = _now()
         connection.execute(
-            "INSERT OR IGNORE INTO collections VALUES (?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO collections (id, embedding_model, dimension, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?)",
             (collection_id, embedding_model, dimension, now, now),
         )
         self._ensure_keyword_tables(connection, collection_id)
@@ -474,6 +479,15 @@ class SqliteStore:
         """Every collection with counts."""
         rows = self._connection().execute(f"{_COLLECTION_SELECT} ORDER BY c.id").fetchall()
         return [collection_info(row) for row in rows]
+
+    def set_description(self, collection_id: str, description: str) -> CollectionInfo | None:
+        """Set the collection's description; None if there is no such collection."""
+        with self.write_transaction() as connection:
+            updated = connection.execute(
+                "UPDATE collections SET description = ?, updated_at = ? WHERE id = ?",
+                (description, _now(), collection_id),
+            ).rowcount
+        return self.get_collection(collection_id) if updated else None
 
     # Documents
     def upsert_documents(

@@ -4,7 +4,7 @@ import { describe, it } from "node:test";
 import { Ajv } from "ajv";
 
 import type { WorkerBridge } from "../bridge.js";
-import { listedInputSchema, listedOutputSchema, prune } from "../listing.js";
+import { listedInputSchema, listedOutputSchema, prune, summarize } from "../listing.js";
 import { renderTechniqueResult, snippet } from "../render.js";
 import { ToolRouter } from "../tools.js";
 import { realToolSpecs } from "./helpers.js";
@@ -29,7 +29,13 @@ describe("tools/list", () => {
       assert.deepEqual(Object.keys(listed.properties ?? {}), Object.keys(full.properties ?? {}), spec.name);
       assert.deepEqual(listed.required, full.required, spec.name);
       for (const [name, property] of Object.entries<Record<string, any>>(full.properties ?? {})) {
-        if (property.properties) assert.deepEqual(Object.keys(listed.properties[name].properties), Object.keys(property.properties));
+        if (!property.properties) continue;
+        if (name === "options") {
+          // Listed as one line naming every option, its type, range and default.
+          for (const option of Object.keys(property.properties)) assert.match(listed.properties.options.description, new RegExp(`\\b${option} \\(`));
+        } else {
+          assert.deepEqual(Object.keys(listed.properties[name].properties), Object.keys(property.properties));
+        }
       }
     }
   });
@@ -51,6 +57,11 @@ describe("tools/list", () => {
     assert.ok(ajv.validate(listedInputSchema(basic.inputSchema), args));
     assert.ok(ajv.validate(listedOutputSchema(basic.outputSchema!), answer));
     assert.ok(ajv.validate(listedOutputSchema(basic.outputSchema!), { ...answer, extra: 1 }));
+  });
+
+  it("summarizes the options block as one line", () => {
+    const options = { type: "object", description: "Lead.", properties: { top_k: { type: "integer", minimum: 1, maximum: 50, default: 5 }, generate: { type: "boolean", default: true, description: "false: passages only." } } };
+    assert.deepEqual(summarize(options), { type: "object", description: "Lead. top_k (integer 1-50, default 5); generate (boolean, default true): false: passages only" });
   });
 
   it("cuts nesting at the given depth, keeping a property's own keywords there", () => {
