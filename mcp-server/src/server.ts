@@ -3,12 +3,19 @@ import { join } from "node:path";
 
 import type { AuthInfo } from "@modelcontextprotocol/sdk/server/auth/types.js";
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
-import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import {
+  CallToolRequestSchema,
+  ListResourcesRequestSchema,
+  ListResourceTemplatesRequestSchema,
+  ListToolsRequestSchema,
+  ReadResourceRequestSchema,
+} from "@modelcontextprotocol/sdk/types.js";
 
 import type { Principal } from "./auth.js";
 import { WorkerBridge, type Progress } from "./bridge.js";
 import type { Config } from "./config.js";
 import { loadInstructions, loadToolSpecs, servedToolSpecs } from "./schemas.js";
+import { RESOURCE_TEMPLATES, ResourceRouter } from "./resources.js";
 import { ToolRouter } from "./tools.js";
 
 export interface IrisRagServer {
@@ -39,12 +46,29 @@ export function createServer(config: Config): IrisRagServer {
   const schemaDir = join(config.repoRoot, "iris_rag", "schemas");
   const specs = servedToolSpecs(loadToolSpecs(schemaDir), config.servedTechniques);
   const instructions = loadInstructions(schemaDir);
-  const tools = new ToolRouter(bridge, specs);
+  // Every connected session hears notifications/resources/list_changed after any session's write.
+  const live = new Set<Server>();
+  const announceChange = (): void => {
+    for (const server of live) {
+      server.sendResourceListChanged().catch((error: unknown) => console.error(`[iris-rag] could not send list_changed: ${String(error)}`));
+    }
+  };
+  const tools = new ToolRouter(bridge, specs, announceChange);
+  const resources = new ResourceRouter(bridge);
   const version = config.serverVersion ?? packageVersion(config.repoRoot);
 
   const newServer = (): Server => {
-    const server = new Server({ name: config.serverName, version }, { capabilities: { tools: {} }, instructions });
+    const server = new Server({ name: config.serverName, version }, { capabilities: { tools: {}, resources: { listChanged: true } }, instructions });
     server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: tools.listTools() }));
+    server.setRequestHandler(ListResourcesRequestSchema, async (_request, extra) => ({ resources: await resources.list(principalOf(extra.authInfo)) }));
+    server.setRequestHandler(ListResourceTemplatesRequestSchema, () => ({ resourceTemplates: RESOURCE_TEMPLATES }));
+    server.setRequestHandler(ReadResourceRequestSchema, async (request, extra) => resources.read(request.params.uri, principalOf(extra.authInfo)));
+    live.add(server);
+    const closed = server.onclose;
+    server.onclose = () => {
+      live.delete(server);
+      closed?.();
+    };
     // extra.signal fires on the client's notifications/cancelled; the SDK then sends no response.
     // extra.authInfo is what the HTTP front door authenticated (http.ts); none on stdio.
     server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {

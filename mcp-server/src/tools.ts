@@ -103,6 +103,8 @@ export class ToolRouter {
     private readonly bridge: WorkerBridge,
     /** The served tools (schemas.ts servedToolSpecs): the same list the worker's describe returns. */
     specs: readonly ToolSpec[],
+    /** Called after each successful call of a tool that writes (not readOnlyHint): resources changed. */
+    private readonly onWrite?: (tool: string) => void,
   ) {
     this.catalog = new Map(specs.map((spec) => [spec.name, { spec, validate: compileArgumentValidator(spec.name, spec.inputSchema) }]));
   }
@@ -168,6 +170,7 @@ export class ToolRouter {
       const params = technique ? { technique, arguments: args } : (args as JsonObject);
       const method = technique ? "execute" : entry.spec.bridge.method;
       const result = await this.bridge.request(method, params, { signal, onProgress, ...(principal && { principal }) });
+      if (entry.spec.annotations?.readOnlyHint !== true) this.onWrite?.(name);
       return successResult(result, technique !== undefined);
     } catch (error) {
       const bridgeError = asBridgeError(error);

@@ -18,9 +18,10 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from mcp import ClientSession
+from mcp import ClientSession, McpError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import TextContent
+from pydantic import AnyUrl
 
 from iris_rag.schemas import tool_specs
 from tests.e2e.mcp_harness import result_json
@@ -191,6 +192,7 @@ async def test_every_tool_over_streamable_http(seeded: HttpServer) -> None:
             ("rag_list_documents", {"collection_id": "papers", "limit": 2}),
             ("rag_delete_documents", {"collection_id": "papers", "document_ids": ["not-there"]}),
             ("rag_ingest", {"collection_id": "scratch", "documents": DOCUMENTS[:1]}),
+            ("rag_update_collection", {"collection_id": "scratch", "description": "Scratch space."}),
             ("rag_delete_collection", {"collection_id": "scratch", "confirm_collection_id": "scratch"}),
         ]
         assert {name for name, _ in calls} | {f"rag_{t}" for t in _techniques()} == init_tools
@@ -275,6 +277,17 @@ async def test_authorization_matrix(seeded: HttpServer) -> None:
     async with connect(seeded, KEYS["alice"]) as alice:  # what others created stays out of sight
         _, listing = await call(alice, "rag_list_collections", {})
         assert {c["id"] for c in listing["collections"]} == {"papers"}
+
+
+async def test_resources_show_only_the_keys_collections(seeded: HttpServer) -> None:
+    async with connect(seeded, KEYS["bob"]) as bob:
+        listed = {str(r.uri) for r in (await bob.list_resources()).resources}
+        assert "rag://collection/notes/stats" in listed and "rag://collection/papers/stats" not in listed
+        notes = await bob.read_resource(AnyUrl("rag://collection/notes/documents"))
+        assert notes.contents
+        with pytest.raises(McpError) as hidden:
+            await bob.read_resource(AnyUrl("rag://collection/papers/stats"))
+        assert hidden.value.error.code == -32002  # the same answer as for a collection that does not exist
 
 
 async def test_metrics_are_per_key_and_admin_sees_everyone(seeded: HttpServer) -> None:
