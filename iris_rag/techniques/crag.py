@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
@@ -163,16 +163,14 @@ class CragParams(BaseModel):
     web_search_provider: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
     strip_threshold: float = Field(0.25, ge=0, le=1)
 
-    @model_validator(mode="after")
-    def _ordered_thresholds(self) -> CragParams:
-        if self.incorrect_threshold > self.confidence_threshold:
-            msg = (
-                f"incorrect_threshold ({self.incorrect_threshold}) cannot be above confidence_threshold "
-                f"({self.confidence_threshold}): below incorrect_threshold is incorrect, above "
-                "confidence_threshold is correct, between them ambiguous"
-            )
-            raise ValueError(msg)
-        return self
+    @property
+    def effective_incorrect_threshold(self) -> float:
+        """incorrect_threshold capped at confidence_threshold, so every pair in 0..1 works.
+
+        Below it the verdict is incorrect, at or above confidence_threshold correct, between them ambiguous:
+        with confidence_threshold 0.3 and the default incorrect_threshold 0.4, nothing is ambiguous.
+        """
+        return min(self.incorrect_threshold, self.confidence_threshold)
 
 
 # --- Evaluator features ---------------------------------------------------------------------------------
@@ -430,7 +428,7 @@ class CragPipeline(Pipeline):
             "initial_confidence": round(first.assessment.confidence, 6),
             "verdict": verdict,
             "confidence_threshold": params.confidence_threshold,
-            "incorrect_threshold": params.incorrect_threshold,
+            "incorrect_threshold": params.effective_incorrect_threshold,
             "correction_strategy": params.correction_strategy,
             "first_pass_candidates": len(first.dense),
         }
@@ -489,7 +487,7 @@ class CragPipeline(Pipeline):
         """Correct at or above confidence_threshold, incorrect below incorrect_threshold, else ambiguous."""
         if confidence >= params.confidence_threshold:
             return "correct"
-        if confidence < params.incorrect_threshold:
+        if confidence < params.effective_incorrect_threshold:
             return "incorrect"
         return "ambiguous"
 

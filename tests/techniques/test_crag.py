@@ -283,8 +283,20 @@ def test_incorrect_threshold_drops_the_first_pass(crag_service: RagService) -> N
             )
     assert ids(ambiguous)[0] == "aspirin"
     assert ids(incorrect)[0] == "expedition", "with the first pass judged wrong, the keyword evidence leads"
-    with pytest.raises(InvalidParametersError, match="incorrect_threshold"):
-        crag(crag_service, query, {"confidence_threshold": 0.3, "incorrect_threshold": 0.5})
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.1, 0.3, 0.39])
+def test_every_confidence_threshold_works_with_the_default_incorrect_threshold(
+    crag_service: RagService, threshold: float
+) -> None:
+    """The schema promises 0..1; below the default incorrect_threshold (0.4) it is capped, never refused."""
+    result = crag(crag_service, "bread dough lava", {"confidence_threshold": threshold}, top_k=5)
+    spec = specific(result)
+    assert spec["confidence_threshold"] == threshold and spec["incorrect_threshold"] == threshold
+    expected = "correct" if spec["initial_confidence"] >= threshold else "incorrect"
+    assert spec["verdict"] == expected
+    never = crag(crag_service, "bread dough lava", {"confidence_threshold": 0.0, "incorrect_threshold": 0.9})
+    assert specific(never)["verdict"] == "correct", "0 never corrects"
 
 
 @pytest.mark.parametrize("strategy", ["rewrite", "expand", "filter"])
