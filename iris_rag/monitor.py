@@ -75,13 +75,17 @@ class Monitor:
         """Wait until every queued record is stored."""
         self._pending.join()
 
-    def metrics(self, time_range: str = "24h", technique_filter: str | None = None) -> dict[str, Any]:
+    def metrics(
+        self, time_range: str = "24h", technique_filter: str | list[str] | None = None
+    ) -> dict[str, Any]:
         """Counts, rates and latency percentiles, overall, per technique and per tool; never waits."""
         now = time.time()
         window = WINDOWS_S[time_range]
         records = self._calls_since(now - window)
-        if technique_filter is not None:
-            records = [r for r in records if r.technique == technique_filter]
+        # One name or several (the spec's array); reported as a list either way.
+        techniques = [technique_filter] if isinstance(technique_filter, str) else technique_filter
+        if techniques is not None:
+            records = [r for r in records if r.technique in techniques]
         # Everyone's calls for the local user and admins (with a breakdown); a key's own calls otherwise.
         caller = current_principal()
         everyone = caller is None or caller.admin
@@ -98,7 +102,7 @@ class Monitor:
             "time_range": time_range,
             "window_start": _iso(now - window),
             "window_end": _iso(now),
-            "technique_filter": technique_filter,
+            "technique_filter": techniques,
             "overall": call_stats(records, minutes),
             "by_technique": {name: call_stats(rs, minutes) for name, rs in sorted(by_technique.items())},
             "by_tool": {name: call_stats(rs, minutes) for name, rs in sorted(by_tool.items())},

@@ -378,7 +378,24 @@ class RagService:
         overall = (
             "unhealthy" if "unhealthy" in statuses else "degraded" if "degraded" in statuses else "healthy"
         )
-        return {"status": overall, "timestamp": _now(), "components": components}
+        return {"status": overall, "timestamp": _now(), "components": components, **self._performance()}
+
+    def _performance(self) -> dict[str, Any]:
+        """The spec's performance block: the last hour's calls; left out if the call log cannot be read."""
+        try:
+            stats = self.monitor.metrics("1h")["overall"]
+        except Exception:  # the database component reports why; health must still answer
+            logger.warning("health_check: no performance figures", exc_info=True)
+            return {}
+        return {
+            "performance": {
+                "window": "1h",
+                "request_count": stats["request_count"],
+                "avg_response_time_ms": stats["avg_ms"],
+                "requests_per_minute": stats["requests_per_minute"],
+                "error_rate": stats["error_rate"],
+            }
+        }
 
     def _check_database(self) -> tuple[str, str | None, dict[str, Any]]:
         self.store.ping()

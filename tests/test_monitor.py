@@ -42,6 +42,10 @@ def test_windows_percentiles_and_restart(tmp_path: Path) -> None:
     assert week["overall"]["request_count"] == 101
     assert "rag_ingest" not in week["by_tool"]
     assert monitor.metrics("1h", technique_filter="nope")["overall"]["request_count"] == 0
+    # The spec's array form, alone or with others; reported as a list either way.
+    assert week["technique_filter"] == ["basic"]
+    both = monitor.metrics("7d", technique_filter=["basic", "nope"])
+    assert both["overall"]["request_count"] == 101 and both["technique_filter"] == ["basic", "nope"]
 
 
 def _answered_within(seconds: float, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -78,6 +78,17 @@ def test_health_reports_every_component(loaded_service: RagService) -> None:
     assert "details" not in loaded_service.health_check({})["components"]["database"]
 
 
+def test_health_reports_the_last_hours_performance(loaded_service: RagService) -> None:
+    loaded_service.monitor.record("rag_basic", "basic", 10.0, True, None)
+    loaded_service.monitor.record("rag_basic", "basic", 30.0, True, None)
+    loaded_service.monitor.record("rag_hyde", "hyde", 20.0, False, "TIMEOUT_EXCEEDED")
+    performance = loaded_service.health_check({})["performance"]
+    assert performance["window"] == "1h" and performance["request_count"] == 3
+    assert performance["avg_response_time_ms"] == pytest.approx(20.0)
+    assert performance["error_rate"] == pytest.approx(1 / 3, abs=1e-3)
+    assert performance["requests_per_minute"] == pytest.approx(3 / 60, abs=1e-3)
+
+
 def test_reindex_rebuilds_without_re_embedding(loaded_service: RagService) -> None:
     summary = loaded_service.reindex("docs")
     assert summary["documents"] == 3
