@@ -16,6 +16,7 @@ from tqdm import tqdm
 from iris_rag.embedder import Embedder, resolve_model_path
 from iris_rag.errors import RagError
 from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
+from iris_rag.ingestion.sync import sync_folder
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -68,6 +69,27 @@ def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
     }
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     return 0 if ingested or not (source_errors or document_errors) else 1
+
+
+def cmd_sync(args: argparse.Namespace, service: RagService) -> int:
+    """Bring a collection up to date with a folder; one summary line, exit 1 if any file failed."""
+    if not args.dry_run:
+        service.embedder.wait_ready()
+    columns = CsvColumns(args.text_column, args.id_column, args.title_column)
+    report = sync_folder(
+        Path(args.folder),
+        args.collection,
+        store=service.store,
+        ingestor=service.ingestor,
+        dry_run=args.dry_run,
+        csv_columns=columns,
+    )
+    for error in report.errors:
+        print(f"error {error.location}: {error.message}", file=sys.stderr)
+    print(
+        f"sync {args.folder} -> {args.collection}{' (dry run)' if args.dry_run else ''}: {report.summary()}"
+    )
+    return 1 if report.errors else 0
 
 
 def cmd_ingest_table(args: argparse.Namespace, service: RagService) -> int:
@@ -203,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     ingest = commands.add_parser(
-        "ingest", help="ingest a .txt/.md file, a folder of them, a BEIR .jsonl or a .csv"
+        "ingest", help="ingest a file or a folder: .txt, .md, .html, .pdf, .docx, BEIR .jsonl, .csv"
     )
     ingest.add_argument("path")
     ingest.add_argument("--collection", required=True)
@@ -215,6 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--id-column", default="id", help="CSV column holding the document id")
     ingest.add_argument("--title-column", default="title", help="CSV column holding the title")
     ingest.set_defaults(handler=cmd_ingest)
+
+    sync = commands.add_parser(
+        "sync", help="ingest a folder's new and changed files, delete the documents of removed ones"
+    )
+    sync.add_argument("folder")
+    sync.add_argument("--collection", required=True)
+    sync.add_argument("--dry-run", action="store_true", help="count what would change; change nothing")
+    sync.add_argument("--text-column", default="text", help="CSV column holding the text")
+    sync.add_argument("--id-column", default="id", help="CSV column holding the document id")
+    sync.add_argument("--title-column", default="title", help="CSV column holding the title")
+    sync.set_defaults(handler=cmd_sync)
 
     ingest_table = commands.add_parser(
         "ingest-table", help="load a .csv/.tsv or .jsonl file as a structured table for rag_sqlrag"

@@ -22,6 +22,8 @@ from iris_rag.errors import (
 from iris_rag.generation import create_generator
 from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.ingestion.paths import read_paths
+from iris_rag.ingestion.roots import IngestRoots
 from iris_rag.llm_health import LlmProbe
 from iris_rag.monitor import Monitor
 from iris_rag.pipeline import Pipeline, PipelineContext, TechniqueRequest
@@ -182,8 +184,16 @@ class RagService:
         return pipeline.run(TechniqueRequest.model_validate(arguments))
 
     def ingest(self, params: dict[str, Any]) -> dict[str, Any]:
-        """rag_ingest: add or replace documents."""
+        """rag_ingest: add or replace documents, given as text or as files to read under RAG_INGEST_ROOTS."""
         arguments = validate_arguments("rag_ingest", params)
+        # Exactly one of the two; not a top-level oneOf, which some LLM tool APIs refuse to accept.
+        if ("documents" in arguments) == ("paths" in arguments):
+            msg = "give either documents or paths (exactly one of the two)"
+            raise InvalidParametersError(msg)
+        collection_id: str = arguments["collection_id"]
+        access.require_writable(collection_id)
+        if "paths" in arguments:
+            return self._ingest_paths(collection_id, arguments["paths"])
         documents = [
             SourceDocument(
                 id=item.get("id"),
@@ -193,8 +203,20 @@ class RagService:
             )
             for item in arguments["documents"]
         ]
-        access.require_writable(arguments["collection_id"])
-        return self.ingestor.ingest(arguments["collection_id"], documents).to_dict()
+        return self.ingestor.ingest(collection_id, documents).to_dict()
+
+    def _ingest_paths(self, collection_id: str, paths: list[str]) -> dict[str, Any]:
+        """Read the files in the worker, then ingest them as one call (one transaction) of documents."""
+        roots = IngestRoots.parse(self.settings.ingest_roots)
+        read = read_paths(paths, roots, max_bytes=self.settings.ingest_max_bytes)
+        result = self.ingestor.ingest(collection_id, read.documents)
+        # The ingestor numbers documents; the caller numbered paths, and knows files by their paths.
+        for error in result.errors:
+            document = read.documents[error["index"]]
+            error["index"] = read.origins[error["index"]]
+            error["message"] = f"{document.metadata['source_path']}: {error['message']}"
+        result.errors[:0] = read.errors
+        return result.to_dict()
 
     def list_collections(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_list_collections."""

@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     chunk_overlap: int = Field(150, ge=0, le=5000, validation_alias="CHUNK_OVERLAP")
     max_document_chars: int = Field(5_000_000, ge=1, validation_alias="MAX_DOCUMENT_CHARS")
 
+    # Files rag_ingest's paths may read: only under these folders (empty: none), this many bytes a call.
+    ingest_roots: str = Field("", validation_alias="RAG_INGEST_ROOTS")
+    ingest_max_bytes: int = Field(200_000_000, ge=1, validation_alias="RAG_INGEST_MAX_BYTES")
+
     # Generation
     llm_provider: Literal["none", "openai"] = Field("none", validation_alias="LLM_PROVIDER")
     llm_model: str = Field("gpt-4o-mini", validation_alias="LLM_MODEL")

@@ -111,3 +111,10 @@ def test_technique_params_schema_and_model_agree(technique: str) -> None:
         parsed = _without_null(model["properties"][name])
         for key in _CONSTRAINTS:
             assert field_schema.get(key) == parsed.get(key), (technique, name, key)
+
+
+def test_no_input_schema_combines_schemas_at_the_top_level() -> None:
+    """Some LLM tool APIs refuse a tool whose input_schema has oneOf, anyOf or allOf at its root (and with it
+    every request listing the tool), so "exactly one of" rules are checked by the worker instead."""
+    for spec in tool_specs():
+        assert not {"oneOf", "anyOf", "allOf"} & set(spec["inputSchema"]), spec["name"]

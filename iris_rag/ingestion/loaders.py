@@ -1,18 +1,27 @@
-"""Source readers: text and markdown files, BEIR-style JSON lines, CSV; each yields documents or errors."""
+"""Source readers: text, markdown, HTML, PDF and Word files, BEIR-style JSON lines, CSV.
+
+Each yields documents or errors; one file that cannot be read or parsed never stops the others.
+"""
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from iris_rag.ingestion.formats import EXTRACTORS, FormatError
+
 TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
-SUPPORTED_SUFFIXES = TEXT_SUFFIXES | {".jsonl", ".csv"}
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
+_ESCAPING_LINK = "a symlink that leads outside the allowed folders; skipped"
 
 
 @dataclass(frozen=True)
@@ -42,51 +51,134 @@ class CsvColumns:
     title: str | None = "title"
 
 
+@dataclass(frozen=True)
+class SourceFile:
+    """A file found under a root folder; its path relative to the root is its documents' source_path."""
+
+    path: Path
+    root: Path
+    size: int
+    mtime: float
+
+    @property
+    def relative(self) -> str:
+        """The path relative to the root, with forward slashes (a text file's document id)."""
+        return self.path.relative_to(self.root).as_posix()
+
+
 def iter_source(
     path: Path, *, csv_columns: CsvColumns | None = None
 ) -> Iterator[SourceDocument | SourceError]:
     """Read a file, or every supported file under a folder (sorted, so ids and order are stable)."""
+    for item in find_files(path):
+        if isinstance(item, SourceError):
+            yield item
+        else:
+            yield from read_file(item, csv_columns=csv_columns)
+
+
+def find_files(
+    path: Path, *, root: Path | None = None, confine: Callable[[Path], bool] | None = None
+) -> Iterator[SourceFile | SourceError]:
+    """The supported files at path: the file itself, or those under the folder in path order.
+
+    `root` (default: the folder, or a file's own folder) is what source paths are relative to. `confine`,
+    when given, says whether a resolved path may be read: a symlink leading elsewhere is reported, not
+    read. Symlinked folders are never descended into, so a walk cannot loop.
+    """
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES)
-        for file in files:
-            yield from _iter_file(file, root=path, csv_columns=csv_columns or CsvColumns())
+        base = root or path
+        found: list[tuple[Path, SourceFile | SourceError]] = []
+        for folder, subfolders, names in os.walk(path):
+            entries = [(Path(folder) / name, False) for name in subfolders]
+            entries += [(Path(folder) / name, True) for name in names]
+            for entry, is_file in entries:
+                if entry.is_symlink() and confine is not None and not confine(entry.resolve()):
+                    found.append((entry, SourceError(str(entry), _ESCAPING_LINK)))
+                elif is_file and entry.suffix.lower() in SUPPORTED_SUFFIXES:
+                    found.append((entry, _source_file(entry, base)))
+        yield from (item for _, item in sorted(found, key=lambda pair: pair[0]))
     elif path.is_file():
-        yield from _iter_file(path, root=path.parent, csv_columns=csv_columns or CsvColumns())
+        if path.suffix.lower() not in SUPPORTED_SUFFIXES:
+            kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
+            yield SourceError(str(path), f"unsupported file type {path.suffix.lower()!r}; use one of {kinds}")
+            return
+        yield _source_file(path, root or path.parent)
     else:
         yield SourceError(str(path), "no such file or folder")
 
 
-def _iter_file(path: Path, *, root: Path, csv_columns: CsvColumns) -> Iterator[SourceDocument | SourceError]:
-    suffix = path.suffix.lower()
-    if suffix not in SUPPORTED_SUFFIXES:
-        yield SourceError(str(path), f"unsupported file type {suffix!r}; use .txt, .md, .jsonl or .csv")
+def _source_file(path: Path, root: Path) -> SourceFile | SourceError:
+    try:
+        status = path.stat()
+    except OSError as exc:
+        return SourceError(str(path), f"cannot read: {exc.strerror}")
+    return SourceFile(path, root, status.st_size, status.st_mtime)
+
+
+def read_file(
+    file: SourceFile, *, csv_columns: CsvColumns | None = None
+) -> Iterator[SourceDocument | SourceError]:
+    """The documents of one file: one per text, HTML, PDF or Word file, one per .jsonl or .csv record."""
+    try:
+        data = file.path.read_bytes()
+    except OSError as exc:
+        yield SourceError(str(file.path), f"cannot read: {exc.strerror}")
+        return
+    yield from parse_file(file, data, csv_columns=csv_columns)
+
+
+def parse_file(
+    file: SourceFile, data: bytes, *, csv_columns: CsvColumns | None = None
+) -> Iterator[SourceDocument | SourceError]:
+    """The documents of a file already read, each carrying where it came from and the file's hash."""
+    path, suffix = file.path, file.path.suffix.lower()
+    provenance = {
+        "source_path": file.relative,
+        "source_root": str(file.root.resolve()),
+        "mtime": datetime.fromtimestamp(file.mtime, UTC).isoformat(timespec="seconds"),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    if suffix in EXTRACTORS:
+        try:
+            extracted = EXTRACTORS[suffix](data)
+        except FormatError as exc:
+            yield SourceError(str(path), str(exc))
+            return
+        except Exception as exc:  # a parser meeting a malformed file may raise anything; one file only
+            yield SourceError(str(path), f"cannot parse this {suffix} file: {type(exc).__name__}: {exc}")
+            return
+        metadata = {"source": str(path), **provenance}
+        yield SourceDocument(file.relative, extracted.text, extracted.title or path.stem, metadata)
         return
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         yield SourceError(str(path), f"not valid UTF-8 (byte {exc.start}); convert the file to UTF-8")
         return
-    except OSError as exc:
-        yield SourceError(str(path), f"cannot read: {exc.strerror}")
-        return
     if suffix in TEXT_SUFFIXES:
-        yield _text_document(path, root, text)
-    elif suffix == ".jsonl":
-        yield from _jsonl_documents(path, text)
-    else:
-        yield from _csv_documents(path, text, csv_columns)
+        yield _text_document(file, text, provenance)
+        return
+    records = (
+        _jsonl_documents(path, text)
+        if suffix == ".jsonl"
+        else _csv_documents(path, text, csv_columns or CsvColumns())
+    )
+    for item in records:
+        if isinstance(item, SourceDocument):
+            item = SourceDocument(item.id, item.content, item.title, {**item.metadata, **provenance})
+        yield item
 
 
-def _text_document(path: Path, root: Path, text: str) -> SourceDocument:
-    title = path.stem
+def _text_document(file: SourceFile, text: str, provenance: dict[str, Any]) -> SourceDocument:
+    title = file.path.stem
     for line in text.splitlines():
         if line.startswith("# "):
             title = line[2:].strip()
             break
         if line.strip():
             break
-    relative = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
-    return SourceDocument(id=relative, content=text, title=title, metadata={"source": str(path)})
+    return SourceDocument(file.relative, text, title, {"source": str(file.path), **provenance})
 
 
 def _jsonl_documents(path: Path, text: str) -> Iterator[SourceDocument | SourceError]:

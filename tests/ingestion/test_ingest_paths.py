@@ -1,0 +1,141 @@
+"""rag_ingest with `paths`: files read in the worker under RAG_INGEST_ROOTS, on every store backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from iris_rag.access import Principal, principal_scope
+from iris_rag.embedder import Embedder
+from iris_rag.errors import ForbiddenError, InvalidParametersError
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+from tests.ingestion.make_files import write_docx, write_pdf
+
+
+@pytest.fixture(autouse=True)
+def docs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A root folder with one file of each format; RAG_INGEST_ROOTS names it (set before the service)."""
+    root = tmp_path / "docs"
+    (root / "papers").mkdir(parents=True)
+    (root / "notes.md").write_text(
+        "# Tides\n\nThe moon's pull raises the tides twice a day.", encoding="utf-8"
+    )
+    (root / "page.html").write_text(
+        "<html><head><title>Bees</title><script>x()</script></head>"
+        "<body><p>Honey bees dance to show where flowers are.</p></body></html>",
+        encoding="utf-8",
+    )
+    write_pdf(root / "papers" / "ice.pdf", ["Glaciers carve U-shaped valleys as they flow."], title="Ice")
+    write_docx(root / "papers" / "bread.docx", "Bread", ["Sourdough rises because wild yeast ferments it."])
+    (root / "faq.csv").write_text("id,title,text\nq1,Rust,Iron rusts when water and oxygen meet.\n", "utf-8")
+    (root / "corpus.jsonl").write_text(
+        '{"_id": "c1", "title": "Owls", "text": "Owls hunt at night."}\n', "utf-8"
+    )
+    monkeypatch.setenv("RAG_INGEST_ROOTS", str(root))
+    return root
+
+
+def test_a_folder_of_every_format_is_ingested_and_searchable(any_service: RagService, docs: Path) -> None:
+    result = any_service.ingest({"collection_id": "files", "paths": [str(docs)]})
+    assert result["errors"] == []
+    assert sorted(result["document_ids"]) == [
+        "c1",
+        "notes.md",
+        "page.html",
+        "papers/bread.docx",
+        "papers/ice.pdf",
+        "q1",
+    ]
+    answer = any_service.execute(
+        {
+            "technique": "basic",
+            "arguments": {"query": "How do glaciers shape valleys?", "collection_id": "files"},
+        }
+    )
+    assert answer["retrieved_documents"][0]["id"] == "papers/ice.pdf"
+    stored = any_service.get_document({"collection_id": "files", "document_id": "papers/ice.pdf"})
+    assert stored["title"] == "Ice"
+    assert stored["metadata"]["source_path"] == "papers/ice.pdf"
+    assert len(stored["metadata"]["sha256"]) == 64
+
+
+def test_ingesting_a_changed_file_again_replaces_its_document(any_service: RagService, docs: Path) -> None:
+    note = docs / "notes.md"
+    any_service.ingest({"collection_id": "files", "paths": [str(note)]})
+    note.write_text("# Tides\n\nSpring tides come at full and new moon.", encoding="utf-8")
+    result = any_service.ingest({"collection_id": "files", "paths": [str(note)]})
+    assert result["document_ids"] == ["notes.md"]
+    listing = any_service.list_documents({"collection_id": "files"})
+    assert [d["id"] for d in listing["documents"]] == ["notes.md"]
+    stored = any_service.get_document({"collection_id": "files", "document_id": "notes.md"})
+    assert "Spring tides" in stored["content"]
+
+
+def test_file_errors_name_the_path_they_came_from(any_service: RagService, docs: Path) -> None:
+    (docs / "broken.pdf").write_bytes(b"%PDF-1.7\nnot a pdf at all")
+    (docs / "blank.txt").write_text("   \n", encoding="utf-8")
+    paths = [str(docs / "notes.md"), str(docs / "broken.pdf"), str(docs / "blank.txt")]
+    result = any_service.ingest({"collection_id": "files", "paths": paths})
+    assert result["document_ids"] == ["notes.md"]
+    errors = [(e["index"], e["code"], e["message"]) for e in result["errors"]]
+    assert [(index, code) for index, code, _ in errors] == [(1, "UNREADABLE_FILE"), (2, "INVALID_DOCUMENT")]
+    assert "broken.pdf" in errors[0][2]
+    assert errors[1][2].startswith("blank.txt: ")
+
+
+def test_a_path_outside_the_roots_refuses_the_whole_call(any_service: RagService, docs: Path) -> None:
+    outside = docs.parent / "elsewhere.txt"
+    outside.write_text("Not for clients.", encoding="utf-8")
+    for path in [outside, docs / ".." / "elsewhere.txt"]:
+        with pytest.raises(InvalidParametersError, match="outside RAG_INGEST_ROOTS"):
+            any_service.ingest({"collection_id": "files", "paths": [str(docs / "notes.md"), str(path)]})
+    assert any_service.list_collections({})["collections"] == []
+
+
+def test_exactly_one_of_documents_and_paths(any_service: RagService, docs: Path) -> None:
+    both = {"collection_id": "files", "paths": [str(docs)], "documents": [{"content": "Text."}]}
+    cases: list[dict[str, Any]] = [both, {"collection_id": "files"}]
+    for arguments in cases:
+        with pytest.raises(InvalidParametersError, match="either documents or paths"):
+            any_service.ingest(arguments)
+    for bad in [[], [""], ["x"] * 101]:
+        with pytest.raises(InvalidParametersError, match="/paths"):
+            any_service.ingest({"collection_id": "files", "paths": bad})
+
+
+def test_a_caller_without_write_access_reads_no_file(any_service: RagService, docs: Path) -> None:
+    reader = Principal("reader", frozenset({"read"}), None)
+    with principal_scope(reader), pytest.raises(ForbiddenError):
+        any_service.ingest({"collection_id": "files", "paths": [str(docs)]})
+
+
+@pytest.fixture
+def configured(tmp_path: Path, embedder: Embedder) -> Iterator[Callable[..., RagService]]:
+    """A factory of services on SQLite with RAG_INGEST_ROOTS and RAG_INGEST_MAX_BYTES as given."""
+    made: list[RagService] = []
+
+    def build(**settings: Any) -> RagService:
+        made.append(RagService(Settings(RAG_DATA_DIR=tmp_path / "data", **settings), embedder=embedder))
+        return made[-1]
+
+    yield build
+    for service in made:
+        service.close()
+
+
+def test_unset_roots_disable_paths_and_name_the_variable(
+    configured: Callable[..., RagService], docs: Path
+) -> None:
+    service = configured(RAG_INGEST_ROOTS="")
+    with pytest.raises(InvalidParametersError, match="RAG_INGEST_ROOTS is not set"):
+        service.ingest({"collection_id": "files", "paths": [str(docs / "notes.md")]})
+
+
+def test_the_byte_cap_comes_from_the_setting(configured: Callable[..., RagService], docs: Path) -> None:
+    service = configured(RAG_INGEST_ROOTS=str(docs), RAG_INGEST_MAX_BYTES=100)
+    with pytest.raises(InvalidParametersError, match="RAG_INGEST_MAX_BYTES"):
+        service.ingest({"collection_id": "files", "paths": [str(docs)]})
