@@ -27,6 +27,7 @@ from iris_rag.ingestion.roots import IngestRoots
 from iris_rag.llm_health import LlmProbe
 from iris_rag.monitor import Monitor
 from iris_rag.pipeline import Pipeline, PipelineContext, TechniqueRequest
+from iris_rag.result_cache import ResultCache, cache_key
 from iris_rag.schemas import served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo
@@ -35,6 +36,14 @@ from iris_rag.techniques.registry import PIPELINES
 from iris_rag.validation import validate_arguments
 
 logger = logging.getLogger(__name__)
+
+
+def _cacheable(technique: str, request: TechniqueRequest) -> bool:
+    """Whether a result depends only on the collection's documents (what its data version tracks).
+
+    rag_sqlrag reads structured tables, which move no collection's version; a web search reads the world.
+    """
+    return technique != "sqlrag" and not request.technique_params.get("enable_web_search", False)
 
 
 def _now() -> str:
@@ -71,6 +80,7 @@ class RagService:
         self.embedder = embedder
         self.generator = create_generator(settings)
         self.monitor = Monitor(self.store)
+        self.result_cache = ResultCache(settings.cache_ttl_s) if settings.cache_enabled else None
         context = PipelineContext(settings, self.store, self.embedder, self.generator)
         # Only techniques that have both a pipeline and a tool schema are served: no placeholder tools.
         self._tool_by_technique = technique_tools()
@@ -181,7 +191,30 @@ class RagService:
         arguments = validate_arguments(
             self._tool_by_technique[pipeline.technique], params.get("arguments", {})
         )
-        return pipeline.run(TechniqueRequest.model_validate(arguments))
+        # LLM_TEMPERATURE and LLM_MAX_TOKENS are the defaults of the options a call leaves out.
+        options = {
+            "temperature": self.settings.llm_temperature,
+            "max_tokens": self.settings.llm_max_tokens,
+            **arguments.get("options", {}),
+        }
+        request = TechniqueRequest.model_validate({**arguments, "options": options})
+        if self.result_cache is None or not _cacheable(pipeline.technique, request):
+            return pipeline.run(request)
+        collection_id = request.collection_id or self.settings.default_collection
+        key = cache_key(
+            pipeline.technique,
+            request.model_dump(mode="json", exclude={"collection_id"}) | {"collection": collection_id},
+            self.store.data_version(collection_id),
+        )
+        cached = self.result_cache.get(key) if access.can_see(collection_id) else None
+        if cached is not None:
+            result, age_s = cached
+            result["metadata"]["cache"] = {"hit": True, "age_s": round(age_s, 3)}
+            return result
+        result = pipeline.run(request)
+        self.result_cache.put(key, result)
+        result["metadata"]["cache"] = {"hit": False}
+        return result
 
     def ingest(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_ingest: add or replace documents, given as text or as files to read under RAG_INGEST_ROOTS."""
@@ -431,6 +464,7 @@ class RagService:
                 "uptime_s": round(time.time() - self.started_at, 1),
                 "version": __version__,
                 "techniques": sorted(self.pipelines),
+                "result_cache": None if self.result_cache is None else self.result_cache.stats(),
             },
         )
 
