@@ -12,6 +12,7 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from enum import IntEnum
@@ -40,6 +41,7 @@ BULK_SLICE_CHARS = 16_000
 """Characters of text per turn of bulk work on the encode thread (16 chunks, or hundreds of short names):
 the most work a query's encode waits for (see map_bulk)."""
 
+RECENT_QUERIES = 64  # query encodes remembered (encode_query_async)
 LOAD_HEARTBEAT_S = 1.0  # how often a request waiting for the model to load reports progress
 QUERY_WINDOW_S = 1.0
 """For this long after a query's encode, bulk work leaves one core to the queries (see _use_threads)."""
@@ -146,6 +148,9 @@ class Embedder:
         self._query_model: Any = None
         self.bulk_slice_chars = BULK_SLICE_CHARS
         self.bulk_slices_run = 0  # slices of bulk work done so far (for health details and tests)
+        # The last queries' encodes: a technique and the answer's relevance check embed the same query.
+        self._recent_queries: OrderedDict[str, Future[npt.NDArray[np.float32]]] = OrderedDict()
+        self._recent_lock = threading.Lock()
 
     def start_loading(self) -> None:
         """Load in the background so the worker answers describe and health_check meanwhile."""
@@ -309,9 +314,22 @@ class Embedder:
         return self.encode_query_async(query).result()
 
     def encode_query_async(self, query: str) -> Future[npt.NDArray[np.float32]]:
-        """Start embedding one query on the query thread; the caller does other work (SQL) meanwhile."""
+        """Start embedding one query on the query thread; the caller does other work (SQL) meanwhile.
+
+        The last RECENT_QUERIES queries' futures are kept, so embedding the same query again (in the same
+        call, or a repeated call) costs nothing; the vectors are read-only.
+        """
         self.wait_ready()
-        return self._submit_single(self._encode_one, query)
+        with self._recent_lock:
+            known = self._recent_queries.get(query)
+            if known is not None and not (known.done() and known.exception() is not None):
+                self._recent_queries.move_to_end(query)
+                return known
+            future = self._submit_single(self._encode_one, query)
+            self._recent_queries[query] = future
+            while len(self._recent_queries) > RECENT_QUERIES:
+                self._recent_queries.popitem(last=False)
+        return future
 
     def _submit_single(self, task: Callable[..., _T], *args: Any) -> Future[_T]:
         """Run task(model, *args), query-time work, beside bulk work rather than behind it.
@@ -383,4 +401,5 @@ class Embedder:
             [query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
         vector: npt.NDArray[np.float32] = np.ascontiguousarray(vectors[0], dtype=np.float32)
+        vector.flags.writeable = False  # shared by every caller of the same query (encode_query_async)
         return vector

@@ -22,7 +22,7 @@ from iris_rag.errors import (
     RequestCancelledError,
     RetrievalFailedError,
 )
-from iris_rag.generation import Generation, Generator, Passage
+from iris_rag.generation import RELEVANCE_FLOOR, Generation, Generator, Passage
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk, check_embedding_model
 from iris_rag.stores.filters import MetadataFilter, parse_filters
@@ -147,8 +147,23 @@ class Pipeline(ABC):
     ) -> Retrieval:
         """Find the chunks for the query, best first (at most options.top_k)."""
 
-    def generate(self, query: str, documents: list[RetrievedDocument], options: QueryOptions) -> Generation:
+    def query_similarities(
+        self, query: str, collection: CollectionInfo, documents: list[RetrievedDocument]
+    ) -> dict[str, float]:
+        """Cosine similarity of the query and each retrieved chunk that has a stored vector."""
+        vector = self.context.embedder.encode_query(query)  # usually remembered from retrieve()
+        chunk_ids = [d.chunk.chunk_id for d in documents]
+        return self.context.store.vector_scores(collection.id, vector, chunk_ids)
+
+    def generate(
+        self,
+        query: str,
+        documents: list[RetrievedDocument],
+        options: QueryOptions,
+        similarity: dict[str, float] | None = None,
+    ) -> Generation:
         """Write the answer from the retrieved chunks; citations are numbered by document."""
+        similarity = similarity or {}
         citations: dict[str, int] = {}
         passages = [
             Passage(
@@ -157,6 +172,7 @@ class Pipeline(ABC):
                 title=doc.chunk.title,
                 content=doc.chunk.content,
                 score=doc.score,
+                query_similarity=similarity.get(doc.chunk.chunk_id),
             )
             for doc in documents
         ]
@@ -181,11 +197,20 @@ class Pipeline(ABC):
         except Exception as exc:
             msg = f"{self.technique} retrieval failed: {type(exc).__name__}: {exc}"
             raise RetrievalFailedError(msg) from exc
-        # min_similarity 0 (the default) filters nothing: cosine can be negative, and top_k is what was asked.
+        # Every technique scores on its own scale (cosine, fused min-max, RRF near 0.02, MaxSim): relevance
+        # is judged on one scale, the query's cosine similarity to each chunk, whatever the technique.
+        extractive = options.generate and self.context.generator.model_name == "extractive"
+        similarity: dict[str, float] = {}
+        if retrieval.documents and (options.min_similarity > 0 or extractive):
+            similarity = self.query_similarities(request.query, collection, retrieval.documents)
+        # min_similarity 0 (the default) filters nothing; a chunk with no stored vector (rag_sqlrag's rows)
+        # is never dropped by it.
         threshold = options.min_similarity
-        documents = [d for d in retrieval.documents if threshold == 0 or d.score >= threshold][
-            : options.top_k
-        ]
+        documents = [
+            d
+            for d in retrieval.documents
+            if threshold == 0 or similarity.get(d.chunk.chunk_id, threshold) >= threshold
+        ][: options.top_k]
         retrieved_at = time.perf_counter()
 
         generation: Generation | None = None
@@ -193,7 +218,7 @@ class Pipeline(ABC):
         if options.generate:
             check_cancelled()  # between retrieval and the (possibly slow) generation
             try:
-                generation = self.generate(request.query, documents, options)
+                generation = self.generate(request.query, documents, options, similarity)
             except RequestCancelledError:
                 raise
             except RagError as exc:
@@ -226,6 +251,11 @@ class Pipeline(ABC):
                     "llm_model": generation.model if generation else self.context.generator.model_name,
                 },
                 "answer_source": generation.source if generation else "none",
+                **(
+                    {"relevance": {"best_query_similarity": round(best, 6), "floor": RELEVANCE_FLOOR}}
+                    if (best := max(similarity.values(), default=None)) is not None
+                    else {}
+                ),
                 "technique_specific": retrieval.technique_specific,
             },
         }

@@ -98,7 +98,9 @@ def test_bulk_work_leaves_a_core_to_queries_only_while_they_arrive(
 
     monkeypatch.setattr(embedder, "_last_query", float("-inf"))
     assert threads_per_slice() == [every_core, every_core], "no query lately: bulk work uses every core"
-    embedder.encode_query("insulin and diabetes")
+    embedder.encode_query(
+        f"insulin and diabetes {time.monotonic()}"
+    )  # new text: a remembered one needs no encode
     assert threads_per_slice() == [every_core - 1, every_core - 1], "a query just ran: one core left free"
     monkeypatch.setattr(embedder_module, "QUERY_WINDOW_S", 0.0)
     assert threads_per_slice() == [every_core, every_core], "past the window: every core again"
@@ -126,3 +128,12 @@ def test_a_query_encode_does_not_wait_for_the_running_bulk_slice(embedder: Embed
     finally:
         release.set()
         bulk.join(60)
+
+
+def test_a_repeated_query_is_embedded_once_and_its_vector_is_read_only(embedder: Embedder) -> None:
+    first = embedder.encode_query("aspirin and heart attacks, remembered")
+    again = embedder.encode_query("aspirin and heart attacks, remembered")
+    assert again is first, "the second encode of the same query is the remembered vector"
+    assert not first.flags.writeable
+    other = embedder.encode_query("another question entirely")
+    assert other is not first and float(other @ first) < 0.99

@@ -164,3 +164,39 @@ def test_credentials_in_the_base_url_never_appear_in_errors_or_health(
         assert "LLM" in caplog.text and not _leaks(caplog.text)
     finally:
         service.close()
+
+
+def test_an_off_topic_question_gets_nothing_relevant_instead_of_quotes(loaded_service: RagService) -> None:
+    """Issue 16: unrelated passages were quoted as the answer (best similarity 0.16)."""
+    for technique in ("basic", "hybrid_ifind"):
+        off = loaded_service.execute(
+            {
+                "technique": technique,
+                "arguments": {"query": "Who won the 2018 football world cup?", "collection_id": "docs"},
+            }
+        )
+        assert off["answer"].startswith("Nothing relevant was found"), (technique, off["answer"])
+        assert off["metadata"]["relevance"]["best_query_similarity"] < off["metadata"]["relevance"]["floor"]
+        assert off["retrieved_documents"], "the closest passages are still returned, for the caller to judge"
+    on = loaded_service.execute(
+        {
+            "technique": "hybrid_ifind",
+            "arguments": {"query": "Does aspirin prevent heart attacks?", "collection_id": "docs"},
+        }
+    )
+    assert on["answer"].startswith("Extractive answer") and "[1]" in on["answer"]
+    assert on["metadata"]["relevance"]["best_query_similarity"] >= on["metadata"]["relevance"]["floor"]
+
+
+def test_min_similarity_is_a_cosine_whatever_the_technique_scores(loaded_service: RagService) -> None:
+    """With RRF fusion every score is near 0.02: a threshold on that scale returned nothing."""
+    arguments = {
+        "query": "aspirin heart attack",
+        "collection_id": "docs",
+        "options": {"min_similarity": 0.3, "generate": False},
+        "technique_params": {"fusion_method": "rrf"},
+    }
+    result = loaded_service.execute({"technique": "hybrid_ifind", "arguments": arguments})
+    kept = result["retrieved_documents"]
+    assert [d["id"] for d in kept] == ["aspirin"]
+    assert kept[0]["similarity_score"] < 0.1, "the RRF score itself is far below the threshold"

@@ -428,11 +428,18 @@ class SqlRagPipeline(Pipeline):
         return RetrievedDocument(chunk, 1.0, {"kind": "sql_rows", "sql_source": run.source})
 
     # Answer
-    def generate(self, query: str, documents: list[RetrievedDocument], options: QueryOptions) -> Generation:
+    def generate(
+        self,
+        query: str,
+        documents: list[RetrievedDocument],
+        options: QueryOptions,
+        similarity: dict[str, float] | None = None,
+    ) -> Generation:
         """An LLM gets the rows as passage [1]; the extractive answer quotes them, then the passages."""
         table = next((d for d in documents if d.chunk.chunk_id == SQL_CHUNK_ID), None)
         if table is None or not isinstance(self.context.generator, ExtractiveGenerator):
-            return super().generate(query, documents, options)
+            return super().generate(query, documents, options, similarity)
+        similarity = similarity or {}
         citations = {SQL_DOCUMENT_ID: 1}
         passages = [
             Passage(
@@ -441,6 +448,7 @@ class SqlRagPipeline(Pipeline):
                 title=d.chunk.title,
                 content=d.chunk.content,
                 score=d.score,
+                query_similarity=similarity.get(d.chunk.chunk_id),
             )
             for d in documents
             if d is not table
