@@ -76,7 +76,7 @@ class Monitor:
         self._pending.join()
 
     def metrics(
-        self, time_range: str = "24h", technique_filter: str | list[str] | None = None
+        self, time_range: str = "1h", technique_filter: str | list[str] | None = None
     ) -> dict[str, Any]:
         """Counts, rates and latency percentiles, overall, per technique and per tool; never waits."""
         now = time.time()

@@ -36,7 +36,7 @@ class QueryOptions(BaseModel):
 
     top_k: int = Field(5, ge=1, le=50)
     temperature: float = Field(0.0, ge=0, le=2)
-    max_tokens: int = Field(512, ge=1, le=8192)
+    max_tokens: int = Field(1024, ge=1, le=8192)
     include_sources: bool = True
     min_similarity: float = Field(0.0, ge=0, le=1)
     generate: bool = True

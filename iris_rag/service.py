@@ -405,7 +405,7 @@ class RagService:
     def metrics(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_metrics."""
         arguments = validate_arguments("rag_metrics", params)
-        return self.monitor.metrics(arguments.get("time_range", "24h"), arguments.get("technique_filter"))
+        return self.monitor.metrics(arguments.get("time_range", "1h"), arguments.get("technique_filter"))
 
     def record_call(self, params: dict[str, Any]) -> dict[str, Any]:
         """Record a call the front end answered itself (a rejected argument list, say)."""

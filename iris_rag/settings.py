@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(2, ge=0, le=10, validation_alias="LLM_MAX_RETRIES")
     # The defaults of options.temperature and options.max_tokens when a call gives none.
     llm_temperature: float = Field(0.0, ge=0, le=2, validation_alias="LLM_TEMPERATURE")
-    llm_max_tokens: int = Field(512, ge=1, le=8192, validation_alias="LLM_MAX_TOKENS")
+    llm_max_tokens: int = Field(1024, ge=1, le=8192, validation_alias="LLM_MAX_TOKENS")
 
     # Result cache: a technique call repeated on unchanged data is answered from memory.
     cache_enabled: bool = Field(False, validation_alias="CACHE_ENABLED")
