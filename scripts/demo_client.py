@@ -32,10 +32,12 @@ async def run(questions: list[str], collection: str, top_k: int) -> None:
             result = await session.call_tool(
                 "rag_basic", {"query": question, "collection_id": collection, "options": {"top_k": top_k}}
             )
-            payload: dict[str, Any] = json.loads(result.content[0].text)  # type: ignore[union-attr]
-            if result.isError:
-                print(f"Q: {question}\nerror: {payload['error']['code']}: {payload['error']['message']}\n")
+            if result.isError or result.structuredContent is None:
+                error = json.loads(result.content[0].text)["error"]  # type: ignore[union-attr]
+                print(f"Q: {question}\nerror: {error['code']}: {error['message']}\n")
                 continue
+            # The text content is what a model reads (answer and sources); the whole result is structured.
+            payload: dict[str, Any] = result.structuredContent
             print(f"Q: {question}\n{payload['answer']}")
             took = payload["performance"]["total_time_ms"]
             print(f"({took:.0f} ms; top document {payload['retrieved_documents'][0]['id']})\n")
