@@ -87,7 +87,7 @@ class JsonLinesProcess:
         assert self.process.stdout is not None
         while True:
             response = orjson.loads(self.process.stdout.readline())
-            if response.get("id") == self.next_id:
+            if response.get("id") == self.next_id and "event" not in response:  # not a progress event
                 return response
 
     def close(self) -> None:
