@@ -48,7 +48,7 @@ export function summarize(schema: JsonObject): JsonObject {
   return { type: "object", description: `${lead}${fields.join("; ")}` };
 }
 
-/** Input schemas: properties nested deeper than this (options.filters's inner conditions) show their type only. */
+/** Input schemas: properties nested deeper than this (a filter's conditions, a document's fields' own parts) keep only their own keywords. */
 const INPUT_DEPTH = 2;
 /** Output schemas: only the top-level fields and their types; the rest is in the README's tool reference. */
 const OUTPUT_DEPTH = 1;
