@@ -100,8 +100,8 @@ def test_schema_and_parameter_model_agree() -> None:
         500,
     )
     assert properties["hypothesis_length"]["default"] == 200
-    assert properties["combine_strategy"]["enum"] == ["replace", "combine", "weighted"]
-    assert properties["combine_strategy"]["default"] == "replace"
+    assert properties["combine_strategy"]["enum"] == ["auto", "replace", "combine", "weighted"]
+    assert properties["combine_strategy"]["default"] == "auto"
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,8 @@ def test_prf_pseudo_document_without_llm(hyde_service: RagService) -> None:
     result = hyde(hyde_service, "heart attack prevention", top_k=5)
     spec = specific(result)
     assert spec["hypothesis_source"] == "prf"
-    assert spec["generate_hypothetical"] is True and spec["combine_strategy"] == "replace"
+    # auto without an LLM: the pseudo-document is mixed in at hypothesis_weight (0.2), not used alone.
+    assert spec["generate_hypothetical"] is True and spec["combine_strategy"] == "weighted"
     assert spec["prf_documents"] == ids(basic(hyde_service, "heart attack prevention", top_k=5))
     # Made of the first-pass sentences, most query-like first, within the length.
     assert spec["hypothesis"].startswith(
@@ -145,12 +146,14 @@ def test_prf_pseudo_document_without_llm(hyde_service: RagService) -> None:
     )
     assert 0 < spec["hypothesis_tokens"] <= 200 and spec["hypothesis_length"] == 200
     assert spec["prf_sentences_used"] <= spec["prf_sentences"]
+    assert spec["hypothesis_weight"] == 0.2
+    replaced = hyde(hyde_service, "heart attack prevention", {"combine_strategy": "replace"}, top_k=5)
     # replace: the hypothesis embedding alone ranks, so the score is the cosine to the hypothesis.
-    for document in result["retrieved_documents"]:
+    for document in replaced["retrieved_documents"]:
         assert document["similarity_score"] == pytest.approx(
             document["score_details"]["hypothesis_cosine"], abs=1e-5
         )
-    assert spec["hypothesis_weight"] == 1.0
+    assert specific(replaced)["hypothesis_weight"] == 1.0
 
 
 def test_hypothesis_length_cuts_the_pseudo_document(hyde_service: RagService) -> None:
