@@ -43,6 +43,7 @@ the most work a query's encode waits for (see map_bulk)."""
 
 RECENT_QUERIES = 64  # query encodes remembered (encode_query_async)
 LOAD_HEARTBEAT_S = 1.0  # how often a request waiting for the model to load reports progress
+LOAD_WAIT_LIMIT_S = 300.0  # the longest a request waits for the model to load (a load takes seconds)
 QUERY_WINDOW_S = 1.0
 """For this long after a query's encode, bulk work leaves one core to the queries (see _use_threads)."""
 
@@ -199,13 +200,16 @@ class Embedder:
         While it loads, the waiting request reports progress every second, so a first ingest that waits
         for the model is not cut off by the front end's time limit.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        # Bounded even without a timeout: the heartbeat keeps the call alive, so a load that never ends
+        # must not keep it waiting forever.
+        deadline = time.monotonic() + (LOAD_WAIT_LIMIT_S if timeout is None else timeout)
         while not self._ready.is_set():
-            remaining = LOAD_HEARTBEAT_S if deadline is None else deadline - time.monotonic()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 msg = f"embedding model {self.model_name} is still loading"
                 raise ModelUnavailableError(msg)
             if not self._ready.wait(min(remaining, LOAD_HEARTBEAT_S)):
+                check_cancelled()  # a client may give up waiting; the heartbeat keeps the time limit away
                 progress.advance("waiting for the embedding model to load")
         if self.state != "ready":
             msg = f"embedding model {self.model_name} failed to load: {self.error}"

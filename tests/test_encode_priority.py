@@ -137,3 +137,20 @@ def test_a_repeated_query_is_embedded_once_and_its_vector_is_read_only(embedder:
     assert not first.flags.writeable
     other = embedder.encode_query("another question entirely")
     assert other is not first and float(other @ first) < 0.99
+
+
+def test_waiting_for_a_model_that_never_loads_reports_progress_and_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from iris_rag import embedder as embedder_module
+    from iris_rag.errors import ModelUnavailableError
+    from iris_rag.progress import ProgressSink, progress_scope
+
+    monkeypatch.setattr(embedder_module, "LOAD_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(embedder_module, "LOAD_WAIT_LIMIT_S", 0.3)
+    stuck = Embedder("never-loaded")  # no load started: it stays "loading"
+    steps: list[str] = []
+    sink = ProgressSink(lambda _n, message: steps.append(message))
+    with progress_scope(sink), pytest.raises(ModelUnavailableError, match="still loading"):
+        stuck.wait_ready()
+    assert len(steps) >= 3 and steps[0] == "waiting for the embedding model to load"
