@@ -30,9 +30,15 @@ class InvalidQueryError(RagError):
 
 
 class InvalidParametersError(RagError):
-    """An argument other than the query is missing, of the wrong type or out of range."""
+    """An argument other than the query is of the wrong type, out of range or unknown."""
 
     code = "INVALID_PARAMETERS"
+
+
+class MissingRequiredFieldError(RagError):
+    """A required argument (other than the query) is absent; details.missing names them."""
+
+    code = "MISSING_REQUIRED_FIELD"
 
 
 class PipelineNotFoundError(RagError):
@@ -71,10 +77,29 @@ class GenerationFailedError(RagError):
     code = "GENERATION_FAILED"
 
 
-class ModelUnavailableError(RagError):
-    """The embedding model failed to load, so nothing that needs it can run."""
+class LlmServiceUnavailableError(GenerationFailedError):
+    """The LLM server could not be reached (connection refused, DNS, time-out); a GENERATION_FAILED kind.
 
-    code = "MODEL_UNAVAILABLE"
+    details.partial_result still holds the retrieved documents, as for any generation failure.
+    """
+
+    code = "LLM_SERVICE_UNAVAILABLE"
+
+
+class EmbeddingServiceUnavailableError(RagError):
+    """No embeddings can be made: the local model failed to load, or the embedding API cannot be reached."""
+
+    code = "EMBEDDING_SERVICE_UNAVAILABLE"
+
+
+# The name the local model's code has always raised; the same error (the spec's code since issue 16).
+ModelUnavailableError = EmbeddingServiceUnavailableError
+
+
+class DatabaseConnectionFailedError(RagError):
+    """The database server (RAG_STORE=postgres) cannot be reached, at start or during a call."""
+
+    code = "DATABASE_CONNECTION_FAILED"
 
 
 class MalformedRequestError(RagError):

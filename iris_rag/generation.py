@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from iris_rag.errors import GenerationFailedError
+from iris_rag.errors import GenerationFailedError, LlmServiceUnavailableError
 from iris_rag.llm import openai_client
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
@@ -173,8 +173,14 @@ class OpenAIGenerator:
                 max_tokens=max_tokens,
             )
         except Exception as exc:
-            msg = f"the LLM at {self._client.base_url} failed: {type(exc).__name__}: {exc}"
-            raise GenerationFailedError(redact(msg, self._secrets)) from exc
+            from openai import APIConnectionError  # its subclass APITimeoutError too
+
+            # Unreachable (refused, unknown host, timed out after LLM_MAX_RETRIES) is the spec's own code.
+            unreachable = isinstance(exc, APIConnectionError)
+            error = LlmServiceUnavailableError if unreachable else GenerationFailedError
+            what = "cannot be reached" if unreachable else "failed"
+            msg = f"the LLM at {self._client.base_url} {what}: {type(exc).__name__}: {exc}"
+            raise error(redact(msg, self._secrets)) from exc
         if not completion.choices or completion.choices[0].message.content is None:
             msg = "the LLM returned no answer text"
             raise GenerationFailedError(msg)

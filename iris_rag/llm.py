@@ -43,15 +43,21 @@ def openai_client(settings: Settings) -> OpenAI:
 
     LLM_BASE_URL, LLM_API_KEY, LLM_TIMEOUT_S and LLM_MAX_RETRIES apply to every call alike.
     """
-    from openai import OpenAI
-
-    api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "not-set"
-    return OpenAI(
-        api_key=api_key,
+    return openai_compatible_client(
         base_url=settings.llm_base_url,
-        timeout=settings.llm_timeout_s,
+        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        timeout_s=settings.llm_timeout_s,
         max_retries=settings.llm_max_retries,
     )
+
+
+def openai_compatible_client(
+    *, base_url: str | None, api_key: str | None, timeout_s: float, max_retries: int
+) -> OpenAI:
+    """An OpenAI-compatible client: the LLM's (above) or the embedding API's (EMBEDDING_BASE_URL...)."""
+    from openai import OpenAI
+
+    return OpenAI(api_key=api_key or "not-set", base_url=base_url, timeout=timeout_s, max_retries=max_retries)
 
 
 class TechniqueLLM:

@@ -13,11 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from iris_rag import access
 from iris_rag.cancellation import check_cancelled
-from iris_rag.embedder import Embedder
+from iris_rag.encoder import TextEncoder
 from iris_rag.errors import (
     GenerationFailedError,
     IndexNotBuiltError,
     InvalidParametersError,
+    LlmServiceUnavailableError,
     RagError,
     RequestCancelledError,
     RetrievalFailedError,
@@ -106,7 +107,7 @@ class PipelineContext:
 
     settings: Settings
     store: DocumentStore
-    embedder: Embedder
+    embedder: TextEncoder
     generator: Generator
 
 
@@ -115,6 +116,8 @@ class Pipeline(ABC):
 
     technique: ClassVar[str]
     params_model: ClassVar[type[BaseModel]] = NoParams
+    # Needs the local model's word pieces and hidden states (not an embedding API): refused at start without.
+    needs_token_level: ClassVar[bool] = False
 
     def __init__(self, context: PipelineContext) -> None:
         self.context = context
@@ -263,7 +266,10 @@ class Pipeline(ABC):
             response["metadata"]["filters"] = self._filter_report(collection.id, metadata_filter, options)
         if error is not None:
             response["error"] = error.to_dict()
-            raise GenerationFailedError(error.message, {"partial_result": response})
+            # LLM_SERVICE_UNAVAILABLE keeps its code; any other failure to answer is GENERATION_FAILED.
+            unreachable = isinstance(error, LlmServiceUnavailableError)
+            failure = LlmServiceUnavailableError if unreachable else GenerationFailedError
+            raise failure(error.message, {"partial_result": response})
         return response
 
     def _filter_report(
@@ -295,7 +301,7 @@ class Pipeline(ABC):
         if collection is None:
             known = [c.id for c in self.context.store.list_collections()]
             raise access.collection_not_found(name, known, "; ingest first")
-        check_embedding_model(collection, self.context.settings.embedding_model)
+        check_embedding_model(collection, self.context.settings.embedding_model_id)
         return collection
 
 

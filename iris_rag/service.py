@@ -12,7 +12,7 @@ from typing import Any
 from iris_rag import __version__, access
 from iris_rag.backends import create_store
 from iris_rag.cancellation import check_cancelled
-from iris_rag.embedder import Embedder
+from iris_rag.encoder import TextEncoder, create_encoder, token_level
 from iris_rag.errors import (
     CollectionNotFoundError,
     DocumentNotFoundError,
@@ -66,18 +66,11 @@ def _served(settings: Settings, tools: dict[str, str]) -> set[str]:
 class RagService:
     """Everything the worker (and the CLI, and the benchmarks) call, one method per bridge method."""
 
-    def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings, *, embedder: TextEncoder | None = None) -> None:
         self.settings = settings
         self.started_at = time.time()
         self.store = create_store(settings)
-        if embedder is None:
-            embedder = Embedder(
-                settings.embedding_model,
-                batch_size=settings.embedding_batch_size,
-                device=settings.embedding_device,
-            )
-            embedder.start_loading()
-        self.embedder = embedder
+        self.embedder = create_encoder(settings) if embedder is None else embedder
         self.generator = create_generator(settings)
         self.monitor = Monitor(self.store)
         self.result_cache = ResultCache(settings.cache_ttl_s) if settings.cache_enabled else None
@@ -97,6 +90,14 @@ class RagService:
         for name, cls in PIPELINES.items():
             if name not in served:
                 continue
+            if cls.needs_token_level and not token_level(self.embedder):
+                self.store.close()
+                msg = (
+                    f"rag_{name} needs the local embedding model's word pieces, which EMBEDDING_PROVIDER="
+                    f"{settings.embedding_provider} does not give; leave it out of RAG_TECHNIQUES, e.g. "
+                    "RAG_TECHNIQUES=basic,hyde,hybrid_ifind,crag,graphrag,noderag,sqlrag"
+                )
+                raise ValueError(msg)
             try:
                 self.pipelines[name] = cls(context)
             except NotImplementedError:
@@ -471,6 +472,7 @@ class RagService:
     def _check_embedder(self) -> tuple[str, str | None, dict[str, Any]]:
         embedder = self.embedder
         info: dict[str, Any] = {
+            "provider": self.settings.embedding_provider,
             "model": embedder.model_name,
             "state": embedder.state,
             "load_time_s": embedder.load_time_s,

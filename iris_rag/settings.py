@@ -47,6 +47,13 @@ class Settings(BaseSettings):
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096, validation_alias="EMBEDDING_BATCH_SIZE")
     embedding_device: str = Field("cpu", validation_alias="EMBEDDING_DEVICE")
+    # An OpenAI-compatible /embeddings endpoint instead of the local model (EMBEDDING_MODEL names its model).
+    embedding_provider: Literal["local", "openai"] = Field("local", validation_alias="EMBEDDING_PROVIDER")
+    embedding_base_url: str | None = Field(None, validation_alias="EMBEDDING_BASE_URL")
+    embedding_api_key: SecretStr | None = Field(None, validation_alias="EMBEDDING_API_KEY")
+    embedding_dimensions: int | None = Field(None, ge=1, le=16_384, validation_alias="EMBEDDING_DIMENSIONS")
+    embedding_timeout_s: float = Field(30.0, gt=0, validation_alias="EMBEDDING_TIMEOUT_S")
+    embedding_max_retries: int = Field(2, ge=0, le=10, validation_alias="EMBEDDING_MAX_RETRIES")
 
     # Chunking
     chunk_size: int = Field(1000, ge=100, le=20000, validation_alias="CHUNK_SIZE")
@@ -102,6 +109,28 @@ class Settings(BaseSettings):
             raise ValueError(msg)
         return self
 
+    @model_validator(mode="after")
+    def _check_embedding_provider(self) -> Settings:
+        if self.embedding_provider == "openai" and self.embedding_model == PACKAGED_MODEL_NAME:
+            msg = (
+                "EMBEDDING_PROVIDER=openai needs EMBEDDING_MODEL set to the endpoint's model "
+                "(e.g. text-embedding-3-small)"
+            )
+            raise ValueError(msg)
+        return self
+
+    @property
+    def embedding_model_id(self) -> str:
+        """The embedding model as collections record it (the mismatch guard and the vector cache key).
+
+        The local model: EMBEDDING_MODEL. An embedding API: `openai:MODEL`, with `@DIMENSIONS` when
+        EMBEDDING_DIMENSIONS shortens its vectors, so a collection never mixes vectors of another kind.
+        """
+        if self.embedding_provider == "local":
+            return self.embedding_model
+        size = f"@{self.embedding_dimensions}" if self.embedding_dimensions else ""
+        return f"{self.embedding_provider}:{self.embedding_model}{size}"
+
     @cached_property
     def database_path(self) -> Path:
         """The embedded store's SQLite file."""
@@ -115,10 +144,13 @@ class Settings(BaseSettings):
 
     @property
     def llm_secrets(self) -> list[str]:
-        """Credentials to redact: LLM_API_KEY, LLM_BASE_URL's and RAG_POSTGRES_URL's credentials."""
-        secrets = [self.llm_api_key.get_secret_value()] if self.llm_api_key else []
-        if self.llm_base_url:
-            parts = urlsplit(self.llm_base_url)
+        """Credentials to redact: the LLM's and embedding API's keys, and those in their URLs and the DB's."""
+        keys = (self.llm_api_key, self.embedding_api_key)
+        secrets = [key.get_secret_value() for key in keys if key]
+        for url in (self.llm_base_url, self.embedding_base_url):
+            if not url:
+                continue
+            parts = urlsplit(url)
             secrets += [value for value in (parts.username, parts.password) if value]
             secrets += [
                 value

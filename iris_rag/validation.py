@@ -8,7 +8,13 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-from iris_rag.errors import InvalidParametersError, InvalidQueryError, PipelineNotFoundError
+from iris_rag.errors import (
+    InvalidParametersError,
+    InvalidQueryError,
+    MissingRequiredFieldError,
+    PipelineNotFoundError,
+    RagError,
+)
 from iris_rag.schemas import tool_spec
 
 
@@ -49,7 +55,11 @@ def _validator(tool_name: str) -> Any:
 
 
 def validate_arguments(tool_name: str, arguments: Any) -> dict[str, Any]:
-    """Return the arguments if they conform; else raise INVALID_QUERY (query errors) or INVALID_PARAMETERS."""
+    """Return the arguments if they conform; else raise one error with every problem in details.errors.
+
+    MISSING_REQUIRED_FIELD when the only problems are absent required arguments; else INVALID_QUERY when
+    one is about the query; else INVALID_PARAMETERS. The front end decides the same way (validation.ts).
+    """
     errors = sorted(_validator(tool_name).iter_errors(arguments), key=lambda e: list(e.absolute_path))
     if not errors:
         assert isinstance(arguments, dict)
@@ -58,9 +68,22 @@ def validate_arguments(tool_name: str, arguments: Any) -> dict[str, Any]:
         f"{'/' + '/'.join(map(str, e.absolute_path)) if e.absolute_path else '(root)'}: {e.message}"
         for e in errors
     ]
-    about_query = any(
-        list(e.absolute_path)[:1] == ["query"] or (e.validator == "required" and "'query'" in e.message)
-        for e in errors
-    )
-    error_class = InvalidQueryError if about_query else InvalidParametersError
-    raise error_class(f"invalid arguments for {tool_name}: " + "; ".join(messages), {"errors": messages})
+    details: dict[str, Any] = {"errors": messages}
+    error_class: type[RagError]
+    if all(e.validator == "required" for e in errors):
+        # Only absent arguments (the query included): the spec's own code, naming each one.
+        error_class = MissingRequiredFieldError
+        details["missing"] = [_missing_name(e) for e in errors]
+    elif any(list(e.absolute_path)[:1] == ["query"] for e in errors):
+        error_class = InvalidQueryError
+    else:
+        error_class = InvalidParametersError
+    raise error_class(f"invalid arguments for {tool_name}: " + "; ".join(messages), details)
+
+
+def _missing_name(error: ValidationError) -> str:
+    """The absent property of a `required` error, as a JSON pointer (/query, /documents/0/content)."""
+    path = "".join(f"/{part}" for part in error.absolute_path)
+    # jsonschema's message is "'<name>' is a required property".
+    name = error.message.split("'")[1] if error.message.count("'") >= 2 else error.message
+    return f"{path}/{name}"

@@ -1,19 +1,38 @@
 """FakeOpenAIServer: a test double for a hosted OpenAI-compatible LLM, which cannot run on these machines.
 
-It speaks the real HTTP API on loopback, so the real `openai` client and our generator are exercised.
+It speaks the real HTTP API on loopback, so the real `openai` client and our generator are exercised. It
+also answers POST /v1/embeddings (the embedding API, EMBEDDING_PROVIDER=openai) with deterministic vectors:
+fake_embedding() hashes each word into one of `dimensions` buckets, so texts that share words point alike.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
+
+EMBEDDING_DIMENSIONS = 64  # the fake model's full vector size (a request's `dimensions` shortens it)
+
+
+def fake_embedding(text: str, dimensions: int = EMBEDDING_DIMENSIONS) -> list[float]:
+    """A bag of hashed words, unit length: deterministic, and similar for texts that share words."""
+    vector = np.zeros(dimensions, dtype=np.float64)
+    for word in re.findall(r"\w+", text.lower()):
+        digest = hashlib.sha256(word.encode()).digest()
+        vector[int.from_bytes(digest[:4], "big") % dimensions] += 1.0
+    vector[0] += 1e-3  # never the zero vector
+    return [float(v) for v in vector / np.linalg.norm(vector)]
+
 
 class FakeOpenAIServer:
-    """Answers POST /v1/chat/completions and GET /v1/models (or with a status code), recording requests."""
+    """Answers POST /v1/chat/completions, POST /v1/embeddings and GET /v1/models (or with a status code),
+    recording requests."""
 
     def __init__(self, reply: str = "Aspirin lowers heart-attack risk [1].", status: int = 200) -> None:
         self.reply = reply
@@ -33,6 +52,18 @@ class FakeOpenAIServer:
                     fake.on_request(body)
                 if fake.status != 200:
                     payload: dict[str, Any] = {"error": {"message": "fake failure", "type": "server_error"}}
+                elif self.path.endswith("/embeddings"):
+                    texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+                    size = int(body.get("dimensions") or EMBEDDING_DIMENSIONS)
+                    payload = {
+                        "object": "list",
+                        "model": body["model"],
+                        "data": [
+                            {"object": "embedding", "index": i, "embedding": fake_embedding(t, size)}
+                            for i, t in enumerate(texts)
+                        ],
+                        "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                    }
                 else:
                     payload = {
                         "id": "chatcmpl-fake",

@@ -65,6 +65,7 @@ def test_a_query_encode_completes_before_a_long_bulk_encode(embedder: Embedder) 
 def test_token_vector_building_yields_to_a_query(service: RagService) -> None:
     index = service.pipelines["colbert"].technique_index()
     assert isinstance(index, TokenVectorIndex)
+    assert isinstance(service.embedder, Embedder)
     finished, slices = _query_overtakes(service.embedder, lambda: index.encoder.encode(_texts()))
     assert finished == ["query", "bulk"]
     assert slices < SLICES

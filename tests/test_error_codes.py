@@ -1,11 +1,30 @@
-"""The Node front end explains every error code the worker can send."""
+"""Every error code the worker can send has a front-end hint, and the spec's codes come from real causes."""
 
 from __future__ import annotations
 
+import json
 import re
+import socket
+import time
 from pathlib import Path
 
+import pytest
+
 from iris_rag import errors
+from iris_rag.backends import create_store
+from iris_rag.embedder import Embedder
+from iris_rag.errors import (
+    DatabaseConnectionFailedError,
+    InvalidParametersError,
+    InvalidQueryError,
+    MissingRequiredFieldError,
+)
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+from iris_rag.validation import validate_arguments
+from iris_rag.worker.dispatch import Dispatcher
+from tests.conftest import DOCUMENTS
+from tests.fake_openai import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,3 +42,106 @@ def test_every_worker_error_code_has_a_front_end_hint() -> None:
     hinted = set(re.findall(r"^\s+([A-Z_]+):", source, flags=re.MULTILINE))
     missing = worker_codes() - hinted
     assert not missing, f"add hints for {sorted(missing)} to mcp-server/src/errors.ts"
+
+
+# The spec's codes with a real cause here (issue 16 item 8), each raised by its real cause.
+
+
+def test_a_missing_required_argument_is_missing_required_field() -> None:
+    with pytest.raises(MissingRequiredFieldError) as basic:
+        validate_arguments("rag_basic", {"options": {"top_k": 3}})
+    assert basic.value.details["missing"] == ["/query"]
+    with pytest.raises(MissingRequiredFieldError) as nested:
+        validate_arguments("rag_ingest", {"collection_id": "c", "documents": [{"title": "no content"}]})
+    assert nested.value.details["missing"] == ["/documents/0/content"]
+    # A missing field beside a wrong one: the wrong one decides, as before.
+    with pytest.raises(InvalidParametersError):
+        validate_arguments("rag_get_document", {"collection_id": 7})
+    with pytest.raises(InvalidQueryError):
+        validate_arguments("rag_basic", {"query": ""})
+
+
+def test_an_unreachable_llm_is_llm_service_unavailable_with_the_documents(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    fake = FakeOpenAIServer()
+    fake.close()  # nothing listens on its port any more
+    settings = Settings(
+        RAG_DATA_DIR=tmp_path,
+        LLM_PROVIDER="openai",
+        LLM_MODEL="fake-model",
+        LLM_API_KEY="sk-unreachable-secret",
+        LLM_BASE_URL=fake.base_url,
+        LLM_MAX_RETRIES=0,
+        LLM_TIMEOUT_S=5,
+    )
+    service = RagService(settings, embedder=embedder)
+    try:
+        service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+        ok, error = Dispatcher(service).call(
+            "execute", {"technique": "basic", "arguments": {"query": "aspirin", "collection_id": "docs"}}
+        )
+        assert not ok
+        assert error["code"] == "LLM_SERVICE_UNAVAILABLE", error
+        assert "cannot be reached" in error["message"]
+        partial = error["details"]["partial_result"]
+        assert partial["retrieved_documents"][0]["id"] == "aspirin"
+        assert "sk-unreachable-secret" not in json.dumps(error)
+    finally:
+        service.close()
+
+
+def test_a_model_that_cannot_load_is_embedding_service_unavailable(tmp_path: Path) -> None:
+    broken = Embedder(str(tmp_path / "no-such-model"))
+    broken.load()
+    service = RagService(Settings(RAG_DATA_DIR=tmp_path), embedder=broken)
+    try:
+        ok, error = Dispatcher(service).call(
+            "ingest", {"collection_id": "c", "documents": [{"content": "some text"}]}
+        )
+        assert not ok and error["code"] == "EMBEDDING_SERVICE_UNAVAILABLE", error
+        assert "no-such-model" in error["message"]
+    finally:
+        service.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_an_unreachable_postgres_at_start_is_database_connection_failed(tmp_path: Path) -> None:
+    url = f"postgresql://rag:pg-secret-pw@127.0.0.1:{_closed_port()}/rag"
+    settings = Settings(RAG_DATA_DIR=tmp_path, RAG_STORE="postgres", RAG_POSTGRES_URL=url)
+    started = time.monotonic()
+    with pytest.raises(DatabaseConnectionFailedError) as failure:
+        create_store(settings)
+    assert time.monotonic() - started < 15, "refused at once, not after the pool's 30 s wait"
+    assert "pg-secret-pw" not in json.dumps(failure.value.to_dict())
+
+
+def test_a_postgres_server_lost_during_calls_is_database_connection_failed(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, embedder: Embedder
+) -> None:
+    """A private server (the session's is shared), stopped under a running service."""
+    from pgserver import get_server  # type: ignore[attr-defined]  # re-exported without __all__
+
+    try:
+        server = get_server(tmp_path_factory.mktemp("lost-postgres"), cleanup_mode="stop")
+    except Exception:  # as tests/conftest.py: a first start on a loaded machine fails now and then
+        server = get_server(tmp_path_factory.mktemp("lost-postgres"), cleanup_mode="stop")
+    settings = Settings(RAG_DATA_DIR=tmp_path, RAG_STORE="postgres", RAG_POSTGRES_URL=str(server.get_uri()))
+    service = RagService(settings, embedder=embedder)
+    dispatcher = Dispatcher(service)
+    try:
+        assert dispatcher.call("list_collections", {})[0]
+        server.cleanup()  # stops PostgreSQL
+        # The thread's connection breaks at once; a later call waits for the pool (30 s) before it fails.
+        ok, error = dispatcher.call(
+            "execute", {"technique": "basic", "arguments": {"query": "q", "collection_id": "c"}}
+        )
+        assert not ok and error["code"] == "DATABASE_CONNECTION_FAILED", error
+        assert "PostgreSQL server cannot be reached" in error["message"]
+    finally:
+        service.close()

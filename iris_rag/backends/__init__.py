@@ -2,19 +2,73 @@
 
 from __future__ import annotations
 
+import sys
+
 from iris_rag.backends.sqlite.store import SqliteStore
+from iris_rag.errors import DatabaseConnectionFailedError
+from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentStore
 
+CONNECT_TIMEOUT_S = 10
+"""How long the start-up probe waits for the PostgreSQL server to accept a connection."""
+
 
 def create_store(settings: Settings) -> DocumentStore:
-    """The store RAG_STORE names: the embedded SQLite file, or PostgreSQL at RAG_POSTGRES_URL."""
+    """The store RAG_STORE names: the embedded SQLite file, or PostgreSQL at RAG_POSTGRES_URL.
+
+    An unreachable PostgreSQL server is DATABASE_CONNECTION_FAILED at once, not after the pool's wait.
+    """
     if settings.store == "postgres":
         # Imported here: psycopg is an optional dependency (the postgres extra).
+        import psycopg
+
         from iris_rag.backends.postgres.store import PostgresStore
 
         assert settings.postgres_url is not None  # Settings refuses RAG_STORE=postgres without a URL
-        return PostgresStore(
-            settings.postgres_url.get_secret_value(), max_connections=settings.worker_threads + 4
-        )
+        url = settings.postgres_url.get_secret_value()
+        try:
+            psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S).close()
+            return PostgresStore(url, max_connections=settings.worker_threads + 4)
+        except Exception as exc:
+            failure = connection_failure(exc, settings.llm_secrets)
+            if failure is None:
+                raise
+            raise failure from exc
     return SqliteStore(settings.database_path)
+
+
+def connection_failure(
+    error: BaseException, secrets: list[str] | None = None
+) -> DatabaseConnectionFailedError | None:
+    """DATABASE_CONNECTION_FAILED if the error, or one it was raised from, says the database server is gone.
+
+    That is a PostgreSQL connection error (no SQLSTATE: refused, reset, closed; class 08; or the server
+    shutting down, 57P01-57P03) or a pool that could not get a connection; a statement's own failure
+    (a time-out, a constraint) is not. SQLite has no server to lose.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if _lost_server(current):
+            message = redact(
+                str(current).strip().splitlines()[0] if str(current).strip() else "", secrets or []
+            )
+            return DatabaseConnectionFailedError(
+                f"the PostgreSQL server cannot be reached: {type(current).__name__}: {message}"
+            )
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _lost_server(error: BaseException) -> bool:
+    # Only where the driver is loaded (RAG_STORE=postgres): never imported just to answer no.
+    psycopg = sys.modules.get("psycopg")
+    pool = sys.modules.get("psycopg_pool")
+    if pool is not None and isinstance(error, pool.PoolTimeout):
+        return True
+    if psycopg is None or not isinstance(error, psycopg.OperationalError):
+        return False
+    state = getattr(error, "sqlstate", None)
+    return state is None or state.startswith("08") or state in {"57P01", "57P02", "57P03"}

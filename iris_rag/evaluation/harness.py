@@ -157,6 +157,6 @@ def evaluate(
         "collection": collection_id,
         "chunk_size": chunk_size,
         "documents_ingested": ingested,
-        "embedding_model": service.settings.embedding_model,
+        "embedding_model": service.settings.embedding_model_id,
         "technique_params": {spec.name: {"technique": spec.base, "params": spec.params} for spec in specs},
     }

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from iris_rag import progress
 from iris_rag.cancellation import check_cancelled
-from iris_rag.embedder import Embedder
+from iris_rag.encoder import TextEncoder
 from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.loaders import SourceDocument
@@ -91,7 +91,7 @@ class Ingestor:
         self,
         settings: Settings,
         store: DocumentStore,
-        embedder: Embedder,
+        embedder: TextEncoder,
         technique_indexes: list[TechniqueIndex] | None = None,
     ) -> None:
         self.settings = settings
@@ -128,9 +128,9 @@ class Ingestor:
         collection = self.store.get_collection(collection_id)
         new_collection = None
         if collection is not None:
-            check_embedding_model(collection, self.settings.embedding_model)
+            check_embedding_model(collection, self.settings.embedding_model_id)
         else:
-            new_collection = NewCollection(self.settings.embedding_model, self.embedder.dimension)
+            new_collection = NewCollection(self.settings.embedding_model_id, self.embedder.dimension)
         result = IngestResult(collection_id)
         accepted: list[tuple[str, SourceDocument, list[Any]]] = []
         seen: set[str] = set()
@@ -192,7 +192,7 @@ class Ingestor:
 
         `shared`: an index's forward pass over the same texts; its exact dense vectors are used as is.
         """
-        model = self.settings.embedding_model
+        model = self.settings.embedding_model_id
         hashes = [hashlib.sha256(text.encode("utf-8")).digest()[:16] for text in texts]
         cached = self.store.cached_embeddings(model, list(set(hashes)))
         known = {} if shared is None else {h: e.dense for h, e in zip(hashes, shared, strict=True)}

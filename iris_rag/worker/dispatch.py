@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from iris_rag.access import Principal, principal_scope
+from iris_rag.backends import connection_failure
 from iris_rag.cancellation import check_cancelled, current_token
 from iris_rag.errors import MethodNotFoundError, RagError
 from iris_rag.service import RagService
@@ -53,12 +54,19 @@ class Dispatcher:
             check_cancelled()
             outcome: tuple[bool, dict[str, Any]] = (True, handler(params))
         except RagError as exc:
-            error_code = exc.code
-            outcome = (False, exc.to_dict())
+            # A store failure wrapped by the pipeline (RETRIEVAL_FAILED) whose cause is a lost server.
+            failure: RagError = connection_failure(exc, self.service.settings.llm_secrets) or exc
+            error_code = failure.code
+            outcome = (False, failure.to_dict())
         except Exception as exc:
-            logger.exception("unexpected error in %s", method)
-            error_code = "INTERNAL_ERROR"
-            outcome = (False, {"code": error_code, "message": f"{type(exc).__name__}: {exc}"})
+            lost = connection_failure(exc, self.service.settings.llm_secrets)
+            if lost is not None:
+                error_code = lost.code
+                outcome = (False, lost.to_dict())
+            else:
+                logger.exception("unexpected error in %s", method)
+                error_code = "INTERNAL_ERROR"
+                outcome = (False, {"code": error_code, "message": f"{type(exc).__name__}: {exc}"})
         token = current_token()
         if token is not None and token.cancelled:
             # The client saw TIMEOUT_EXCEEDED (or nothing, after its cancel), whatever the work did after.

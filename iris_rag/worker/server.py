@@ -195,7 +195,13 @@ def main() -> None:
         stream=sys.stderr,
         format="%(asctime)s worker %(levelname)s %(message)s",
     )
-    service = RagService(settings)
+    try:
+        service = RagService(settings)
+    except RagError as exc:
+        # The front end answers every call with this code (bridge.ts reads the "fatal CODE:" line).
+        sys.stderr.write(f"fatal {exc.code}: {exc.message}\n")
+        sys.stderr.flush()
+        os._exit(1)
     server = WorkerServer(
         Dispatcher(service), output, settings.worker_threads, settings.max_concurrent_requests
     )

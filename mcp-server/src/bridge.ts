@@ -2,7 +2,7 @@ import type { Principal } from "./auth.js";
 import { spawn, type ChildProcessWithoutNullStreams } from "node:child_process";
 import { createInterface } from "node:readline";
 
-import { BridgeError } from "./errors.js";
+import { BridgeError, isErrorCode } from "./errors.js";
 import { isObject } from "./json.js";
 
 export interface BridgeOptions {
@@ -246,6 +246,9 @@ export class WorkerBridge {
     if (!this.workerReady) {
       // A worker that never answered cannot start (a missing package, a bad setting): a retry fails the same way.
       const cause = causeFromStderr(tail) ?? "no error output";
+      // A worker that knows why it cannot start (DATABASE_CONNECTION_FAILED, say) says so as `fatal CODE: message`.
+      const known = /^fatal ([A-Z_]+): (.*)$/.exec(cause);
+      if (known && isErrorCode(known[1]!)) return new BridgeError(known[1]!, `The Python worker cannot start: ${known[2]!}`, { ...details, cause });
       return new BridgeError("WORKER_UNAVAILABLE", `The Python worker (${python}) ${how} during start-up: ${cause}`, { ...details, cause });
     }
     return new BridgeError("WORKER_CRASHED", `The Python worker ${how}`, details);
@@ -258,7 +261,7 @@ export class WorkerBridge {
     const failed = this.sent.size > 0 ? `; ${this.sent.size} in-flight request(s) failed` : "";
     console.error(`[iris-rag] ${error.message}${failed}`);
     for (const call of [...this.sent.values()]) this.finish(call, error);
-    if (error.code === "WORKER_UNAVAILABLE") {
+    if (error.code !== "WORKER_CRASHED") {
       // The worker cannot start: retrying the queue would spin; fail it too (the next call tries again).
       for (const call of this.queue.splice(0)) this.answer(call, error);
     }

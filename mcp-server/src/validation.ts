@@ -32,7 +32,7 @@ ajv.addKeyword({ keyword: "maxDepth", schemaType: "number", errors: true, valida
 export const MAX_ARGUMENT_DEPTH = 64;
 
 export interface ValidationFailure {
-  code: Extract<ErrorCode, "INVALID_QUERY" | "INVALID_PARAMETERS">;
+  code: Extract<ErrorCode, "INVALID_QUERY" | "INVALID_PARAMETERS" | "MISSING_REQUIRED_FIELD">;
   /** Every Ajv error, in Ajv's own words. */
   message: string;
   errors: Array<Pick<ErrorObject, "instancePath" | "keyword" | "message" | "params">>;
@@ -43,11 +43,14 @@ export type ArgumentValidator = (args: unknown) => ValidationFailure | null;
 
 /** The worker raises INVALID_QUERY for a bad query; the front end must answer the same way. */
 const isQueryError = (error: Pick<ErrorObject, "instancePath" | "keyword" | "params">): boolean =>
-  error.instancePath === "/query" ||
-  error.instancePath.startsWith("/query/") ||
-  (error.keyword === "required" && error.params.missingProperty === "query");
+  error.instancePath === "/query" || error.instancePath.startsWith("/query/");
 
+/**
+ * As iris_rag/validation.py decides: MISSING_REQUIRED_FIELD when the only errors are absent required
+ * arguments (the query included), else INVALID_QUERY when one is about the query, else INVALID_PARAMETERS.
+ */
 export function codeFor(errors: ReadonlyArray<Pick<ErrorObject, "instancePath" | "keyword" | "params">>): ValidationFailure["code"] {
+  if (errors.length > 0 && errors.every((error) => error.keyword === "required")) return "MISSING_REQUIRED_FIELD";
   return errors.some(isQueryError) ? "INVALID_QUERY" : "INVALID_PARAMETERS";
 }
 

@@ -21,13 +21,15 @@ from iris_rag.errors import InvalidParametersError
 from iris_rag.stores.filters import parse_filters
 from iris_rag.techniques.sqlrag.tables import MAX_COLUMNS
 
-REFUSAL_CODES = {"INVALID_PARAMETERS", "INVALID_QUERY"}
+REFUSAL_CODES = {"INVALID_PARAMETERS", "INVALID_QUERY", "MISSING_REQUIRED_FIELD"}
 # Codes that say the server failed, not the caller: no input, valid or not, may get one in the fuzz run
 # (sequential calls, no LLM, a healthy worker).
 SERVER_FAILURE_CODES = {
     "RETRIEVAL_FAILED",
     "GENERATION_FAILED",
-    "MODEL_UNAVAILABLE",
+    "LLM_SERVICE_UNAVAILABLE",
+    "EMBEDDING_SERVICE_UNAVAILABLE",
+    "DATABASE_CONNECTION_FAILED",
     "TIMEOUT_EXCEEDED",
     "RATE_LIMIT_EXCEEDED",
     "WORKER_CRASHED",

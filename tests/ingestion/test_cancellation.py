@@ -9,6 +9,7 @@ import pytest
 
 from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.cancellation import CancelToken, cancellation_scope
+from iris_rag.embedder import Embedder
 from iris_rag.errors import RequestCancelledError
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
@@ -43,6 +44,7 @@ def test_cancel_from_another_thread_after_the_first_slice_rolls_the_ingest_back(
     service: RagService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     embedder = service.embedder
+    assert isinstance(embedder, Embedder)
     monkeypatch.setattr(embedder, "bulk_slice_chars", 1000)  # a few documents per slice
     token = CancelToken()
     slices_before = embedder.bulk_slices_run

@@ -17,7 +17,7 @@ import orjson
 
 from iris_rag import service
 from iris_rag.backends.sqlite.store import sqlite_connection
-from iris_rag.embedder import Embedder
+from iris_rag.encoder import TextEncoder
 from iris_rag.ingestion.ingestor import Ingestor
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentInput, DocumentStore
@@ -103,7 +103,7 @@ class IngestorWithBlockingIndex(Ingestor):
         self,
         settings: Settings,
         store: DocumentStore,
-        embedder: Embedder,
+        embedder: TextEncoder,
         technique_indexes: list[TechniqueIndex] | None = None,
     ) -> None:
         blocking = BlockingIndex(Path(os.environ[SIGNAL_FILE_ENV]), store)

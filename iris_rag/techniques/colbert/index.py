@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag.embedder import Embedder
+from iris_rag.encoder import TextEncoder
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.technique_index import ChunkEncoding
 from iris_rag.techniques.colbert.storage import TokenRow, TokenVectorStorage
@@ -119,7 +119,7 @@ def _is_punctuation(token: str) -> bool:
 class TokenEncoder:
     """Word-piece vectors from the shared embedding model's transformer (its last hidden state)."""
 
-    def __init__(self, embedder: Embedder, dimension: int = TOKEN_DIMENSION) -> None:
+    def __init__(self, embedder: TextEncoder, dimension: int = TOKEN_DIMENSION) -> None:
         self.embedder = embedder
         self.dimension = dimension
         self._lock = threading.Lock()

@@ -107,6 +107,7 @@ class ColbertPipeline(Pipeline):
 
     technique = "colbert"
     params_model = ColbertParams
+    needs_token_level = True  # token vectors come from the local model's hidden states
 
     def __init__(self, context: PipelineContext) -> None:
         super().__init__(context)

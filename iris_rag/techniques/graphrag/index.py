@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.cancellation import check_cancelled
-from iris_rag.embedder import Embedder
+from iris_rag.encoder import TextEncoder
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.versioned import VersionedCache
@@ -135,7 +135,7 @@ class KnowledgeGraphIndex:
 
     name = "knowledge_graph"
 
-    def __init__(self, settings: Settings, store: DocumentStore, embedder: Embedder) -> None:
+    def __init__(self, settings: Settings, store: DocumentStore, embedder: TextEncoder) -> None:
         self.settings = settings
         self.store = store
         self.graph = store.technique_storage(KnowledgeGraphStorage)
@@ -402,7 +402,7 @@ class KnowledgeGraphIndex:
         unique = list(dict.fromkeys(names))
         if not unique:
             return {}
-        model = self.settings.embedding_model
+        model = self.settings.embedding_model_id
         hashes = {text_hash(n): n for n in unique}
         cached = self.store.cached_embeddings(model, list(hashes))
         vectors = {hashes[h]: vector for h, vector in cached.items()}

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from iris_rag.embedder import Embedder
+from iris_rag.encoder import TextEncoder
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.versioned import VersionedCache
 from iris_rag.techniques.noderag.storage import (
@@ -286,7 +286,7 @@ class NodeTreeIndex:
 
     name = "node_tree"
 
-    def __init__(self, embedder: Embedder, store: DocumentStore, model_name: str) -> None:
+    def __init__(self, embedder: TextEncoder, store: DocumentStore, model_name: str) -> None:
         self.embedder = embedder
         self.store = store
         self.model_name = model_name

@@ -107,7 +107,7 @@ class NodeRagPipeline(Pipeline):
 
     def __init__(self, context: PipelineContext) -> None:
         super().__init__(context)
-        self._index = NodeTreeIndex(context.embedder, context.store, context.settings.embedding_model)
+        self._index = NodeTreeIndex(context.embedder, context.store, context.settings.embedding_model_id)
         self._llm = TechniqueLLM(context.settings)
 
     def technique_index(self) -> NodeTreeIndex:
