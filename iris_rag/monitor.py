@@ -14,11 +14,25 @@ from typing import Any
 import numpy as np
 
 from iris_rag.access import current_principal
+from iris_rag.schemas import CORRELATION_FIELDS
 from iris_rag.stores.base import CallLog, CallRecord
 
 logger = logging.getLogger(__name__)
 
 WINDOWS_S = {"1h": 3600, "24h": 86_400, "7d": 7 * 86_400, "30d": 30 * 86_400}
+RECENT_CALLS = 20  # rag_metrics' recent_calls: the window's latest calls, newest first
+MAX_ID_CHARS = 128  # common.json's request_id and session_id
+
+
+def correlation_of(arguments: Any) -> dict[str, str]:
+    """The caller's request_id and session_id from a tool's arguments (those that are valid ids)."""
+    if not isinstance(arguments, dict):
+        return {}
+    return {
+        name: value
+        for name in CORRELATION_FIELDS
+        if isinstance(value := arguments.get(name), str) and 0 < len(value) <= MAX_ID_CHARS
+    }
 
 
 class Monitor:
@@ -39,9 +53,17 @@ class Monitor:
         threading.Thread(target=self._write_forever, name="monitor", daemon=True).start()
 
     def record(
-        self, tool: str, technique: str | None, duration_ms: float, success: bool, error_code: str | None
+        self,
+        tool: str,
+        technique: str | None,
+        duration_ms: float,
+        success: bool,
+        error_code: str | None,
+        *,
+        request_id: str | None = None,
+        session_id: str | None = None,
     ) -> None:
-        """Queue one call for storing."""
+        """Queue one call for storing, with the caller's request_id and session_id if it gave them."""
         principal = current_principal()
         record = CallRecord(
             time.time(),
@@ -51,6 +73,8 @@ class Monitor:
             success,
             error_code,
             principal.id if principal else None,
+            request_id,
+            session_id,
         )
         number = next(self._numbers)
         with self._unstored_lock:
@@ -107,6 +131,9 @@ class Monitor:
             "by_technique": {name: call_stats(rs, minutes) for name, rs in sorted(by_technique.items())},
             "by_tool": {name: call_stats(rs, minutes) for name, rs in sorted(by_tool.items())},
             **({"by_principal": _by_principal(records, minutes)} if everyone else {}),
+            "recent_calls": [_call_summary(r) for r in sorted(records, key=lambda r: -r.timestamp)][
+                :RECENT_CALLS
+            ],
         }
 
     def _calls_since(self, since: float) -> list[CallRecord]:
@@ -143,6 +170,21 @@ def call_stats(records: list[CallRecord], window_minutes: float) -> dict[str, An
         "p99_ms": round(float(p99), 3),
         "requests_per_minute": round(count / window_minutes, 4),
         "error_codes": dict(Counter(r.error_code for r in records if r.error_code)),
+        "last_execution_time": _iso(max(r.timestamp for r in records), "milliseconds") if count else None,
+    }
+
+
+def _call_summary(record: CallRecord) -> dict[str, Any]:
+    """One call as recent_calls lists it."""
+    return {
+        "timestamp": _iso(record.timestamp, "milliseconds"),
+        "tool": record.tool,
+        "technique": record.technique,
+        "duration_ms": round(record.duration_ms, 3),
+        "success": record.success,
+        "error_code": record.error_code,
+        "request_id": record.request_id,
+        "session_id": record.session_id,
     }
 
 
@@ -154,5 +196,5 @@ def _by_principal(records: list[CallRecord], window_minutes: float) -> dict[str,
     return {name: call_stats(rs, window_minutes) for name, rs in sorted(groups.items())}
 
 
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds")
+def _iso(timestamp: float, timespec: str = "seconds") -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec=timespec)

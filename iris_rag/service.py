@@ -25,10 +25,10 @@ from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.ingestion.paths import read_paths
 from iris_rag.ingestion.roots import IngestRoots
 from iris_rag.llm_health import LlmProbe
-from iris_rag.monitor import Monitor
+from iris_rag.monitor import Monitor, correlation_of
 from iris_rag.pipeline import Pipeline, PipelineContext, TechniqueRequest
 from iris_rag.result_cache import ResultCache, cache_key
-from iris_rag.schemas import served_tool_specs, technique_tools, tool_specs
+from iris_rag.schemas import CORRELATION_FIELDS, served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
@@ -198,7 +198,9 @@ class RagService:
             "max_tokens": self.settings.llm_max_tokens,
             **arguments.get("options", {}),
         }
-        request = TechniqueRequest.model_validate({**arguments, "options": options})
+        # request_id and session_id belong to the call, not the technique (worker/dispatch.py echoes them).
+        envelope = {k: v for k, v in arguments.items() if k not in CORRELATION_FIELDS}
+        request = TechniqueRequest.model_validate({**envelope, "options": options})
         if self.result_cache is None or not _cacheable(pipeline.technique, request):
             return pipeline.run(request)
         collection_id = request.collection_id or self.settings.default_collection
@@ -416,6 +418,7 @@ class RagService:
             float(params.get("duration_ms", 0.0)),
             bool(params.get("success", False)),
             params.get("error_code") if isinstance(params.get("error_code"), str) else None,
+            **correlation_of(params),
         )
         return {"recorded": True}
 

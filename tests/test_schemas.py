@@ -1,12 +1,13 @@
 """One source of truth: the JSON files, the pydantic models and the registry agree."""
 
+import json
 import re
 from typing import Any
 
 import pytest
 
 from iris_rag.pipeline import QueryOptions, TechniqueRequest
-from iris_rag.schemas import technique_tools, tool_spec, tool_specs
+from iris_rag.schemas import CORRELATION_FIELDS, SCHEMA_DIR, technique_tools, tool_spec, tool_specs
 from iris_rag.techniques.registry import PIPELINES
 
 
@@ -43,7 +44,18 @@ def test_pydantic_models_match_the_schema() -> None:
     assert set(options) == set(QueryOptions.model_fields)
     for name, field in QueryOptions.model_fields.items():
         assert options[name].get("default") == field.default, name
-    assert set(spec["inputSchema"]["properties"]) == set(TechniqueRequest.model_fields)
+    # request_id and session_id belong to the call (echoed by the dispatcher), not to the technique.
+    envelope = set(spec["inputSchema"]["properties"]) - set(CORRELATION_FIELDS)
+    assert envelope == set(TechniqueRequest.model_fields)
+
+
+def test_every_tool_takes_and_returns_the_shared_correlation_ids() -> None:
+    common = json.loads((SCHEMA_DIR / "common.json").read_text())["$defs"]
+    for spec in tool_specs():
+        for schema in (spec["inputSchema"], spec["outputSchema"]):
+            for name in CORRELATION_FIELDS:
+                assert schema["properties"][name] == common[name], (spec["name"], name)
+            assert not set(CORRELATION_FIELDS) & set(schema.get("required", [])), spec["name"]
 
 
 def test_every_technique_tool_has_a_pipeline() -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 SCHEMA_DIR = Path(__file__).parent
 _COMMON_PREFIX = "common.json#/$defs/"
+CORRELATION_FIELDS = ("request_id", "session_id")
+"""Optional on every tool, echoed in its result (common.json's definitions; added here to each tool)."""
 
 JsonObject = dict[str, Any]
 
@@ -58,8 +60,21 @@ def _load_tools() -> tuple[JsonObject, ...]:
         if "technique_params" in spec:
             spec["inputSchema"] = _technique_input_schema(spec.pop("technique_params"))
             spec["outputSchema"] = {"$ref": f"{_COMMON_PREFIX}technique_response"}
-        tools.append(_inline(spec))
+        tools.append(_inline(_with_correlation(spec)))
     return tuple(tools)
+
+
+def _with_correlation(spec: JsonObject) -> JsonObject:
+    """request_id and session_id in the tool's input and output: one definition, referenced by every tool."""
+    for schema in (spec["inputSchema"], spec.get("outputSchema")):
+        if schema is None:
+            continue
+        if "$ref" in schema:  # the technique tools' shared response: inlined first, then extended
+            schema.update(_inline({"$ref": schema.pop("$ref")}))
+        properties = schema.setdefault("properties", {})
+        for name in CORRELATION_FIELDS:
+            properties[name] = {"$ref": f"{_COMMON_PREFIX}{name}"}
+    return spec
 
 
 def tool_specs() -> list[JsonObject]:

@@ -155,6 +155,8 @@ class CallRecord:
     success: bool
     error_code: str | None
     principal: str | None = None  # the HTTP caller's id; None for the local user (stdio, CLI)
+    request_id: str | None = None  # the caller's ids for the call and its session (optional on every tool)
+    session_id: str | None = None
 
 
 class Collections(Protocol):

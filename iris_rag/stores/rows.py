@@ -85,4 +85,6 @@ def call_record(row: Row) -> CallRecord:
         bool(row["success"]),
         row["error_code"],
         row["principal"],
+        row["request_id"],
+        row["session_id"],
     )

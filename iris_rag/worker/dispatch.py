@@ -11,6 +11,7 @@ from iris_rag.access import Principal, principal_scope
 from iris_rag.backends import connection_failure
 from iris_rag.cancellation import check_cancelled, current_token
 from iris_rag.errors import MethodNotFoundError, RagError
+from iris_rag.monitor import correlation_of
 from iris_rag.service import RagService
 from iris_rag.worker.protocol import TIMEOUT_REASON
 
@@ -45,6 +46,11 @@ class Dispatcher:
     def _call(self, method: str, params: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         started = time.perf_counter()
         error_code: str | None = None
+        # The caller's request_id and session_id: echoed in the answer, stored with the call record.
+        correlation: dict[str, str] = {}
+        if method in self.monitored:
+            arguments = params.get("arguments") if method == "execute" else params
+            correlation = correlation_of(arguments)
         try:
             handler = self.methods.get(method)
             if handler is None:
@@ -52,7 +58,7 @@ class Dispatcher:
                 raise MethodNotFoundError(msg)
             # A request cancelled while it waited for a thread does not start at all.
             check_cancelled()
-            outcome: tuple[bool, dict[str, Any]] = (True, handler(params))
+            outcome: tuple[bool, dict[str, Any]] = (True, _echo(handler(params), correlation))
         except RagError as exc:
             # A store failure wrapped by the pipeline (RETRIEVAL_FAILED) whose cause is a lost server.
             failure: RagError = connection_failure(exc, self.service.settings.llm_secrets) or exc
@@ -72,15 +78,38 @@ class Dispatcher:
             # The client saw TIMEOUT_EXCEEDED (or nothing, after its cancel), whatever the work did after.
             error_code = "TIMEOUT_EXCEEDED" if token.reason == TIMEOUT_REASON else "REQUEST_CANCELLED"
         if method in self.monitored:
-            self._record(method, params, (time.perf_counter() - started) * 1000, error_code)
+            self._record(method, params, (time.perf_counter() - started) * 1000, error_code, correlation)
+            if not outcome[0] and correlation:
+                outcome = (False, _echo_error(outcome[1], correlation))
         return outcome
 
     def _record(
-        self, method: str, params: dict[str, Any], duration_ms: float, error_code: str | None
+        self,
+        method: str,
+        params: dict[str, Any],
+        duration_ms: float,
+        error_code: str | None,
+        correlation: dict[str, str],
     ) -> None:
         try:
             tool, technique = self.service.tool_for(method, params)
-            self.service.monitor.record(tool, technique, duration_ms, error_code is None, error_code)
+            self.service.monitor.record(
+                tool, technique, duration_ms, error_code is None, error_code, **correlation
+            )
         except Exception:
             # Monitoring must never turn a served answer into a failure.
             logger.exception("could not record a %s call", method)
+
+
+def _echo(result: dict[str, Any], correlation: dict[str, str]) -> dict[str, Any]:
+    """The result with the caller's request_id and session_id (a new dict: a cached result is shared)."""
+    return {**result, **correlation} if correlation else result
+
+
+def _echo_error(error: dict[str, Any], correlation: dict[str, str]) -> dict[str, Any]:
+    """The error with them in its details and its partial result (the client's structuredContent)."""
+    details = {**error.get("details", {}), **correlation}
+    partial = details.get("partial_result")
+    if isinstance(partial, dict):
+        details["partial_result"] = {**partial, **correlation}
+    return {**error, "details": details}

@@ -6,6 +6,7 @@
  * structuredContent against them never rejects what the server accepts or returns.
  */
 import { isObject, type JsonObject } from "./json.js";
+import { CORRELATION_FIELDS } from "./schemas.js";
 
 /** Keywords about a value itself (not about nested values), kept at the depth where nesting stops. */
 const SCALAR_KEYWORDS = new Set([
@@ -88,7 +89,18 @@ export function prune(schema: unknown, maxDepth: number, describe: boolean, dept
   return out;
 }
 
-export const listedInputSchema = <T>(schema: T): T => prune(schema, INPUT_DEPTH, true) as T;
+/**
+ * The input schema as listed. request_id and session_id (on every tool) are explained once, in the server's
+ * instructions, instead of 22 times here; so that the listing still accepts them, its top level is left open
+ * (no `additionalProperties: false`: an unknown argument is still refused when the call is validated).
+ */
+export function listedInputSchema<T>(schema: T): T {
+  const listed = prune(schema, INPUT_DEPTH, true);
+  if (!isObject(listed)) return listed as T;
+  const { additionalProperties, properties, ...rest } = listed;
+  const kept = isObject(properties) ? Object.fromEntries(Object.entries(properties).filter(([name]) => !(CORRELATION_FIELDS as readonly string[]).includes(name))) : properties;
+  return { ...rest, ...(kept !== undefined && { properties: kept }), ...(additionalProperties !== false && additionalProperties !== undefined && { additionalProperties }) } as T;
+}
 
 /**
  * The output fields always present (`required`), with their types: optional fields and everything nested

@@ -10,6 +10,8 @@ import { isObject, type JsonObject } from "./json.js";
 import type { ToolSpec } from "./tools.js";
 
 const COMMON_PREFIX = "common.json#/$defs/";
+/** Optional on every tool, echoed in its result (common.json's definitions; added here to each tool). */
+export const CORRELATION_FIELDS = ["request_id", "session_id"] as const;
 
 /** Replace every reference to common.json with the definition itself, recursively. */
 function inline(node: unknown, defs: JsonObject): unknown {
@@ -48,10 +50,24 @@ export function loadToolSpecs(schemaDir: string): ToolSpec[] {
     if ("technique_params" in spec) {
       const { technique_params: techniqueParams, ...rest } = spec;
       Object.assign(rest, { inputSchema: techniqueInputSchema(techniqueParams), outputSchema: { $ref: `${COMMON_PREFIX}technique_response` } });
-      return inline(rest, defs) as ToolSpec;
+      return inline(withCorrelation(rest, defs), defs) as ToolSpec;
     }
-    return inline(spec, defs) as ToolSpec;
+    return inline(withCorrelation(spec, defs), defs) as ToolSpec;
   });
+}
+
+/** request_id and session_id in the tool's input and output: one definition, referenced by every tool. */
+function withCorrelation(spec: JsonObject, defs: JsonObject): JsonObject {
+  for (const key of ["inputSchema", "outputSchema"]) {
+    const declared = spec[key];
+    if (!isObject(declared)) continue;
+    // The technique tools' shared response: inlined first, then extended.
+    const schema = typeof declared.$ref === "string" ? (inline(declared, defs) as JsonObject) : declared;
+    spec[key] = schema;
+    const properties = isObject(schema.properties) ? schema.properties : (schema.properties = {});
+    for (const name of CORRELATION_FIELDS) properties[name] = { $ref: `${COMMON_PREFIX}${name}` };
+  }
+  return spec;
 }
 
 /** The server's `instructions` for the client's model: which tool to start with and when to switch. */

@@ -6,6 +6,7 @@ import { asBridgeError, BridgeError } from "./errors.js";
 import { isObject, type JsonObject } from "./json.js";
 import { listedAnnotations, listedInputSchema, listedOutputSchema } from "./listing.js";
 import { renderTechniqueResult } from "./render.js";
+import { CORRELATION_FIELDS } from "./schemas.js";
 import { compileArgumentValidator, type ArgumentValidator } from "./validation.js";
 
 /** One tool as iris_rag/schemas/ defines it (and the worker's `describe` returns it). */
@@ -47,6 +48,23 @@ function recordedByWorker(error: BridgeError): boolean {
     default:
       return true;
   }
+}
+
+/** The caller's request_id and session_id (valid ones only), echoed in every answer and stored with the call. */
+export function correlationOf(args: unknown): Record<string, string> {
+  if (!isObject(args)) return {};
+  return Object.fromEntries(CORRELATION_FIELDS.flatMap((name) => {
+    const value = args[name];
+    return typeof value === "string" && value.length > 0 && value.length <= 128 ? [[name, value]] : [];
+  }));
+}
+
+/** The error with the caller's ids in its details and partial result, as the worker echoes them. */
+function withCorrelation(error: BridgeError, correlation: Record<string, string>): BridgeError {
+  if (Object.keys(correlation).length === 0) return error;
+  const details: Record<string, unknown> = { ...error.details, ...correlation };
+  if (isObject(details.partial_result)) details.partial_result = { ...details.partial_result, ...correlation };
+  return new BridgeError(error.code, error.message, details);
 }
 
 const textResult = (payload: unknown, extra: Partial<CallToolResult> = {}): CallToolResult => ({
@@ -139,16 +157,17 @@ export class ToolRouter {
   ): Promise<CallToolResult> {
     const started = performance.now();
     const entry = this.catalog.get(name);
+    const correlation = correlationOf(args);
     const fail = (error: BridgeError, technique?: string): CallToolResult => {
-      this.recordFrontEndFailure(name, technique, started, error.code, principal);
-      return errorResult(error);
+      this.recordFrontEndFailure(name, technique, started, error.code, principal, correlation);
+      return errorResult(withCorrelation(error, correlation));
     };
     if (!entry) {
       // The name is the client's: keep it short and valid Unicode before it is echoed and stored.
       const shown = name.slice(0, 128).replace(LONE_SURROGATES, "\uFFFD");
-      this.recordFrontEndFailure(shown, undefined, started, "PIPELINE_NOT_FOUND", principal);
+      this.recordFrontEndFailure(shown, undefined, started, "PIPELINE_NOT_FOUND", principal, correlation);
       const known = [...this.catalog.keys()].join(", ");
-      return errorResult(new BridgeError("PIPELINE_NOT_FOUND", `Unknown tool ${JSON.stringify(shown)}; available tools: ${known}`));
+      return errorResult(withCorrelation(new BridgeError("PIPELINE_NOT_FOUND", `Unknown tool ${JSON.stringify(shown)}; available tools: ${known}`), correlation));
     }
 
     const { technique } = entry.spec.bridge;
@@ -174,13 +193,13 @@ export class ToolRouter {
       return successResult(result, technique !== undefined);
     } catch (error) {
       const bridgeError = asBridgeError(error);
-      if (!recordedByWorker(bridgeError)) this.recordFrontEndFailure(name, technique, started, bridgeError.code, principal);
-      return name === HEALTH_TOOL ? unhealthyResult(bridgeError, performance.now() - started) : errorResult(bridgeError);
+      if (!recordedByWorker(bridgeError)) this.recordFrontEndFailure(name, technique, started, bridgeError.code, principal, correlation);
+      return name === HEALTH_TOOL ? unhealthyResult(bridgeError, performance.now() - started) : errorResult(withCorrelation(bridgeError, correlation));
     }
   }
 
   /** Calls that failed here never completed at the worker, but they still belong in rag_metrics. */
-  private recordFrontEndFailure(tool: string, technique: string | undefined, started: number, code: string, principal?: Principal): void {
+  private recordFrontEndFailure(tool: string, technique: string | undefined, started: number, code: string, principal?: Principal, correlation: Record<string, string> = {}): void {
     this.bridge
       .request(
         "record_call",
@@ -190,6 +209,7 @@ export class ToolRouter {
           duration_ms: performance.now() - started,
           success: false,
           error_code: code,
+          ...correlation,
         },
         principal && { principal },
       )

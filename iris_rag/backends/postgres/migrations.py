@@ -285,6 +285,11 @@ CREATE TABLE structured_tables (
         "collections: a description a user sets (rag_update_collection)",
         "ALTER TABLE collections ADD COLUMN description TEXT NOT NULL DEFAULT '';",
     ),
+    (
+        9,
+        "each call record keeps the caller's request_id and session_id",
+        "ALTER TABLE calls ADD COLUMN request_id TEXT, ADD COLUMN session_id TEXT;",
+    ),
 ]
 
 

@@ -692,8 +692,8 @@ class PostgresStore:
     def record_call(self, record: CallRecord) -> None:
         """Append one call record."""
         self.connection().execute(
-            "INSERT INTO calls (ts, tool, technique, duration_ms, success, error_code, principal) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            "INSERT INTO calls (ts, tool, technique, duration_ms, success, error_code, principal, "
+            "request_id, session_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 record.timestamp,
                 record.tool,
@@ -702,6 +702,8 @@ class PostgresStore:
                 record.success,
                 record.error_code,
                 record.principal,
+                record.request_id,
+                record.session_id,
             ),
         )
 

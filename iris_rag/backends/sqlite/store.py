@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -89,7 +89,9 @@ CREATE TABLE IF NOT EXISTS calls (
     duration_ms REAL NOT NULL,
     success     INTEGER NOT NULL,
     error_code  TEXT,
-    principal   TEXT
+    principal   TEXT,
+    request_id  TEXT,
+    session_id  TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_by_time ON calls(ts);
 CREATE TABLE IF NOT EXISTS collection_versions (
@@ -316,6 +318,11 @@ class SqliteStore:
         # Version 5: each call record names its caller (HTTP mode); older records have none.
         if "principal" not in {row[1] for row in connection.execute("PRAGMA table_info(calls)")}:
             connection.execute("ALTER TABLE calls ADD COLUMN principal TEXT")
+        # Version 7: each call record keeps the caller's request_id and session_id.
+        calls = {row[1] for row in connection.execute("PRAGMA table_info(calls)")}
+        for column in ("request_id", "session_id"):
+            if column not in calls:
+                connection.execute(f"ALTER TABLE calls ADD COLUMN {column} TEXT")
         # Version 6: a description a user sets (rag_update_collection).
         if "description" not in {row[1] for row in connection.execute("PRAGMA table_info(collections)")}:
             connection.execute("ALTER TABLE collections ADD COLUMN description TEXT NOT NULL DEFAULT ''")
@@ -981,8 +988,8 @@ class SqliteStore:
         """Append one call record."""
         with self._write_lock:
             self._connection().execute(
-                "INSERT INTO calls (ts, tool, technique, duration_ms, success, error_code, principal) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO calls (ts, tool, technique, duration_ms, success, error_code, principal, "
+                "request_id, session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.timestamp,
                     record.tool,
@@ -991,6 +998,8 @@ class SqliteStore:
                     int(record.success),
                     record.error_code,
                     record.principal,
+                    record.request_id,
+                    record.session_id,
                 ),
             )
 

@@ -7,6 +7,7 @@ import type { WorkerBridge } from "../bridge.js";
 import { listedInputSchema, listedOutputSchema, prune, summarize } from "../listing.js";
 import { renderTechniqueResult, snippet } from "../render.js";
 import { ToolRouter } from "../tools.js";
+import { CORRELATION_FIELDS } from "../schemas.js";
 import { realToolSpecs } from "./helpers.js";
 
 /** What a client's model reads on every turn: the whole tools/list result (issue 15: under 24,000 characters). */
@@ -26,7 +27,10 @@ describe("tools/list", () => {
     for (const spec of realToolSpecs()) {
       const listed = listedInputSchema(spec.inputSchema) as Record<string, any>;
       const full = spec.inputSchema as Record<string, any>;
-      assert.deepEqual(Object.keys(listed.properties ?? {}), Object.keys(full.properties ?? {}), spec.name);
+      // request_id and session_id, on every tool, are explained once in the server's instructions.
+      const needed = Object.keys(full.properties ?? {}).filter((name) => !(CORRELATION_FIELDS as readonly string[]).includes(name));
+      assert.deepEqual(Object.keys(listed.properties ?? {}), needed, spec.name);
+      assert.ok(CORRELATION_FIELDS.every((name) => name in full.properties), `${spec.name} lacks request_id/session_id`);
       assert.deepEqual(listed.required, full.required, spec.name);
       for (const [name, property] of Object.entries<Record<string, any>>(full.properties ?? {})) {
         if (!property.properties) continue;
@@ -55,6 +59,10 @@ describe("tools/list", () => {
     const args = { query: "q", collection_id: "c", options: { top_k: 3, filters: { year: { gte: 2020 } } }, technique_params: {} };
     const basic = realToolSpecs().find((spec) => spec.name === "rag_basic")!;
     assert.ok(ajv.validate(listedInputSchema(basic.inputSchema), args));
+    for (const spec of realToolSpecs()) {
+      const listed = listedInputSchema(spec.inputSchema) as Record<string, any>;
+      assert.notEqual(listed.additionalProperties, false, `${spec.name}: request_id/session_id would be refused`);
+    }
     assert.ok(ajv.validate(listedOutputSchema(basic.outputSchema!), answer));
     assert.ok(ajv.validate(listedOutputSchema(basic.outputSchema!), { ...answer, extra: 1 }));
   });
