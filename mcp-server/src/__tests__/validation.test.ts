@@ -31,8 +31,18 @@ describe("argument validation against the real tool schemas", () => {
     });
   }
 
-  it("rejects a missing query with INVALID_QUERY", () => {
-    assert.equal(validateBasic({ options: { top_k: 3 } })?.code, "INVALID_QUERY");
+  it("rejects missing required arguments with MISSING_REQUIRED_FIELD, as the worker does", () => {
+    assert.equal(validateBasic({ options: { top_k: 3 } })?.code, "MISSING_REQUIRED_FIELD");
+    const ingest = compileArgumentValidator("rag_ingest", toolSpec("rag_ingest").inputSchema);
+    assert.equal(ingest({ collection_id: "c", documents: [{ title: "no content" }] })?.code, "MISSING_REQUIRED_FIELD");
+    // A missing field beside a wrong one: the wrong one decides.
+    assert.equal(validateBasic({ options: { top_k: 0 } })?.code, "INVALID_PARAMETERS");
+  });
+
+  it("accepts request_id and session_id on every tool and refuses ones that are not short strings", () => {
+    assert.equal(validateBasic({ query: "ok", request_id: "r-1", session_id: "s-1" }), null);
+    assert.equal(validateBasic({ query: "ok", request_id: 7 })?.code, "INVALID_PARAMETERS");
+    assert.equal(validateBasic({ query: "ok", session_id: "x".repeat(129) })?.code, "INVALID_PARAMETERS");
   });
 
   for (const topK of [0, 51, "5", 2.5]) {
