@@ -239,6 +239,17 @@ for line in sys.stdin:
     await bridge.stop();
   });
 
+  it("fails every call with the worker's own code when it knows why it cannot start (an unreachable database)", async (t) => {
+    const url = "postgresql://rag:pg-secret-pw@127.0.0.1:1/rag"; // nothing listens on port 1
+    const bridge = realBridge(t, { env: { ...process.env, RAG_DATA_DIR: freshDataDir(), RAG_STORE: "postgres", RAG_POSTGRES_URL: url } });
+    const [first, queued] = await Promise.all([rejection(bridge.request("list_collections", {})), rejection(bridge.request("execute", {}))]);
+    for (const error of [first, queued]) {
+      assert.equal(error.code, "DATABASE_CONNECTION_FAILED");
+      assert.match(error.message, /cannot start: the PostgreSQL server cannot be reached/);
+      assert.doesNotMatch(JSON.stringify(error.toJSON()), /pg-secret-pw/);
+    }
+  });
+
   it("fails with WORKER_UNAVAILABLE when the Python executable does not exist", async () => {
     const bridge = new WorkerBridge({ python: "/nonexistent/python3", cwd: config.repoRoot, requestTimeoutMs: 5_000, maxConcurrentRequests: 1, maxQueuedRequests: 1 });
     const [first, second] = await Promise.all([rejection(bridge.request("describe", {})), rejection(bridge.request("describe", {}))]);
