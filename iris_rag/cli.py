@@ -171,8 +171,11 @@ def cmd_health(args: argparse.Namespace, service: RagService) -> int:
     if args.quick:
         # Without loading the model (seconds of CPU): the store answers and the model files are there.
         service.store.ping()
-        path = resolve_model_path(service.settings.embedding_model)
-        report: dict[str, object] = {"status": "healthy", "database": "ok", "model_path": path}
+        report: dict[str, object] = {"status": "healthy", "database": "ok"}
+        if service.settings.embedding_provider == "local":
+            report["model_path"] = resolve_model_path(service.settings.embedding_model)
+        else:  # an embedding API: nothing local to check without a request
+            report["embedding_model"] = service.settings.embedding_model_id
     else:
         service.embedder.wait_ready()
         report = service.health_check({"include_details": True})
@@ -366,7 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     # Only commands that embed need the model loaded; `health --quick` must stay light.
     embedder = None if args.command != "health" or not args.quick else _idle_embedder(settings)
-    service = RagService(settings, embedder=embedder)
+    try:
+        service = RagService(settings, embedder=embedder)
+    except RagError as exc:  # DATABASE_CONNECTION_FAILED, say: the code and reason, not a traceback
+        print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
     try:
         code: int = args.handler(args, service)
     except RagError as exc:

@@ -145,3 +145,17 @@ def test_a_postgres_server_lost_during_calls_is_database_connection_failed(
         assert "PostgreSQL server cannot be reached" in error["message"]
     finally:
         service.close()
+
+
+def test_the_command_line_names_an_unreachable_database_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from iris_rag.cli import main
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("RAG_STORE", "postgres")
+    monkeypatch.setenv("RAG_POSTGRES_URL", f"postgresql://rag:cli-secret-pw@127.0.0.1:{_closed_port()}/rag")
+    assert main(["health", "--quick"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error DATABASE_CONNECTION_FAILED: ") and "cli-secret-pw" not in error
+    assert "Traceback" not in error
