@@ -55,7 +55,8 @@ export function correlationOf(args: unknown): Record<string, string> {
   if (!isObject(args)) return {};
   return Object.fromEntries(CORRELATION_FIELDS.flatMap((name) => {
     const value = args[name];
-    return typeof value === "string" && value.length > 0 && value.length <= 128 ? [[name, value]] : [];
+    // Counted in code points, as JSON Schema's maxLength (and Python's len) count them.
+    return typeof value === "string" && value.length > 0 && [...value].length <= 128 ? [[name, value]] : [];
   }));
 }
 
