@@ -87,6 +87,29 @@ describe("ToolRouter", () => {
     });
   });
 
+  it("echoes request_id and session_id on the front end's own refusals and records the call with them", async () => {
+    const { bridge, calls } = fakeBridge({ describe: describeResult, record_call: () => ({}) });
+    const ids = { request_id: "r-1", session_id: "s-1" };
+    const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_basic", { ...ids, options: {} });
+    const body = parseText(result);
+    assert.equal(body.error.code, "MISSING_REQUIRED_FIELD");
+    assert.equal(body.error.details.request_id, "r-1");
+    assert.equal(body.error.details.session_id, "s-1");
+    assert.equal(calls[0]!.params.request_id, "r-1");
+    assert.equal(calls[0]!.params.session_id, "s-1");
+    // A worker failure with a partial result: the ids reach structuredContent too.
+    const partial = { success: false, technique: "basic", retrieved_documents: [] };
+    const failing = fakeBridge({
+      describe: describeResult,
+      execute: () => {
+        throw new BridgeError("LLM_SERVICE_UNAVAILABLE", "llm down", { partial_result: partial });
+      },
+    });
+    const failed = await new ToolRouter(failing.bridge, realToolSpecs()).callTool("rag_basic", { query: "q", ...ids });
+    assert.deepEqual(failed.structuredContent, { ...partial, ...ids });
+    assert.equal(parseText(failed).error.code, "LLM_SERVICE_UNAVAILABLE");
+  });
+
   it("answers an unknown tool with PIPELINE_NOT_FOUND", async () => {
     const { bridge } = fakeBridge({ describe: describeResult });
     const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_nope", {});
