@@ -35,7 +35,7 @@ def _day(days_ago: int) -> str:
 
 # The trial answers the query best but is old and from a source the table rates low; the guidance note is
 # less on point, recent, often cited and from a highly rated source. Two unrelated documents are undated.
-DOCUMENTS = [
+DOCUMENTS: list[dict[str, Any]] = [
     {
         "id": "trial",
         "title": "Aspirin trial",
