@@ -224,8 +224,8 @@ class ExtractiveGenerator:
             )
         evidence.append(
             ReasoningStep(
-                f"The answer quotes these {len(chosen)} sentences in document order; nothing is inferred "
-                "beyond them.",
+                f"The answer quotes {_sentences(len(chosen))}, in document order; nothing is inferred "
+                "beyond what they say.",
                 tuple(dict.fromkeys(candidates[i][0].cited_id for i in chosen)),
             )
         )
@@ -234,6 +234,10 @@ class ExtractiveGenerator:
     def _generation(self, answer: str, chain: tuple[ReasoningStep, ...] | None) -> Generation:
         reasoning = Reasoning("extractive", EXTRACTIVE_STEPS_NOTE, chain) if chain is not None else None
         return Generation(answer, self.model_name, "extractive", reasoning)
+
+
+def _sentences(count: int) -> str:
+    return f"{count} sentence{'' if count == 1 else 's'}"
 
 
 def _clip(text: str, limit: int = 160) -> str:

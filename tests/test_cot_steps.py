@@ -52,7 +52,7 @@ def test_extractive_steps_are_the_evidence_chain_labelled_as_such(loaded_service
     assert len(quoted) == result["answer"].count("\n- ")
     assert quoted[0]["chunk_ids"] == ["aspirin#0"]
     assert "aspirin" in quoted[0]["text"] and "Daily low-dose aspirin" in quoted[0]["text"]
-    assert chain[-1]["text"].startswith(f"The answer quotes these {len(quoted)} sentences")
+    assert chain[-1]["text"].startswith(f"The answer quotes {len(quoted)} sentence")
     assert {i for s in quoted for i in s["chunk_ids"]} == set(chain[-1]["chunk_ids"])
     assert all(set(s["chunk_ids"]) <= _chunk_ids(result) for s in chain)
 
