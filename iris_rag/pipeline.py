@@ -23,7 +23,7 @@ from iris_rag.errors import (
     RetrievalFailedError,
 )
 from iris_rag.generation import RELEVANCE_FLOOR, Generation, Generator, Passage
-from iris_rag.ranking import RankingOptions, check, pool_size, rerank
+from iris_rag.ranking import RankingOptions, check_ranking, pool_size, rerank
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk, check_embedding_model
 from iris_rag.stores.filters import MetadataFilter, parse_filters
@@ -48,7 +48,7 @@ class QueryOptions(BaseModel):
     def check(self) -> None:
         """Refuse combinations the schema cannot express (INVALID_PARAMETERS)."""
         if self.ranking is not None:
-            check(self.ranking)
+            check_ranking(self.ranking)
         if self.cot_steps and not self.generate:
             msg = "options.cot_steps needs generate: true (the steps lead to an answer)"
             raise InvalidParametersError(msg)

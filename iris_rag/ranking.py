@@ -49,7 +49,7 @@ class RankingOptions(BaseModel):
         return {name: weight / total for name, weight in raw.items()}
 
 
-def check(ranking: RankingOptions) -> None:
+def check_ranking(ranking: RankingOptions) -> None:
     """Refuse weights that rank nothing and a reputation weight with nothing to read it from."""
     if sum(getattr(ranking, name) for name in WEIGHTS) == 0:
         msg = (
