@@ -136,6 +136,18 @@ def test_default_weights_keep_the_technique_order(ranked_service: RagService) ->
     assert ranked["retrieved_documents"][-1]["score_details"]["ranking"]["relevancy"] == 0.0
 
 
+def test_metadata_reorders_alike_on_every_store(any_service: RagService) -> None:
+    """Dates and counts read back from SQLite's JSON and PostgreSQL's JSONB score the same."""
+    any_service.ingest({"collection_id": "ranked", "documents": DOCUMENTS})
+    recency = {"relevancy": 0.3, "recency": 0.7, "date_field": "published"}
+    reputation = {"relevancy": 0.3, "reputation": 0.7, "reputation_field": "citations"}
+    assert _ids(_ask(any_service, top_k=1)) == ["trial"]
+    assert _ids(_ask(any_service, top_k=1, ranking=recency)) == ["guidance"]
+    result = _ask(any_service, top_k=2, ranking=reputation)
+    assert _ids(result) == ["guidance", "trial"]
+    assert result["retrieved_documents"][1]["score_details"]["ranking"]["reputation"] == 0.025
+
+
 @pytest.mark.parametrize("technique", sorted(PIPELINES))
 def test_every_technique_accepts_ranking(ranked_service: RagService, technique: str) -> None:
     ranking = {"relevancy": 0.3, "recency": 0.7, "date_field": "published"}
