@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from iris_rag.errors import GenerationFailedError, LlmServiceUnavailableError
 from iris_rag.llm import openai_client
@@ -30,6 +31,11 @@ NOTHING_FOUND = (
 # questions 0.154 at the median (docs/benchmarks.md, "Nothing relevant").
 RELEVANCE_FLOOR = 0.25
 
+EXTRACTIVE_STEPS_NOTE = (
+    "No LLM is configured: these steps are the evidence chain of the extractive answer (how its quoted "
+    "sentences were chosen from the retrieved chunks), not reasoning by a model."
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Passage:
@@ -42,6 +48,12 @@ class Passage:
     score: float
     # Cosine similarity of the query and this passage (any technique's score scale aside); None if unknown.
     query_similarity: float | None = None
+    chunk_id: str = ""
+
+    @property
+    def cited_id(self) -> str:
+        """The id a reasoning step cites: the chunk's, or the document's for a passage built without one."""
+        return self.chunk_id or self.document_id
 
 
 def best_similarity(passages: list[Passage]) -> float | None:
@@ -51,12 +63,41 @@ def best_similarity(passages: list[Passage]) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningStep:
+    """One step from the evidence to the answer, with the chunks it rests on."""
+
+    text: str
+    chunk_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """options.cot_steps: the steps, who wrote them, and what they are (an LLM's, or the extractive chain)."""
+
+    source: AnswerSource
+    note: str
+    steps: tuple[ReasoningStep, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire shape (common.json#/$defs/technique_response, cot_steps)."""
+        return {
+            "source": self.source,
+            "note": self.note,
+            "steps": [
+                {"step": number, "text": step.text, "chunk_ids": list(step.chunk_ids)}
+                for number, step in enumerate(self.steps, start=1)
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Generation:
-    """A generated answer and what made it."""
+    """A generated answer and what made it (and, when asked for, the steps to it)."""
 
     answer: str
     model: str
     source: AnswerSource
+    steps: Reasoning | None = None
 
 
 class Generator(Protocol):
@@ -65,9 +106,15 @@ class Generator(Protocol):
     model_name: str
 
     def generate(
-        self, query: str, passages: list[Passage], *, temperature: float, max_tokens: int
+        self,
+        query: str,
+        passages: list[Passage],
+        *,
+        temperature: float,
+        max_tokens: int,
+        steps: bool = False,
     ) -> Generation:
-        """Answer the query from the passages alone."""
+        """Answer the query from the passages alone (steps: with the reasoning steps, each citing chunks)."""
 
 
 def _terms(text: str) -> list[str]:
@@ -83,12 +130,19 @@ class ExtractiveGenerator:
         self.max_sentences = max_sentences
 
     def generate(
-        self, query: str, passages: list[Passage], *, temperature: float, max_tokens: int
+        self,
+        query: str,
+        passages: list[Passage],
+        *,
+        temperature: float,
+        max_tokens: int,
+        steps: bool = False,
     ) -> Generation:
         """Pick sentences by IDF-weighted overlap with the query, tie-broken by retrieval score."""
         del temperature  # nothing is sampled
         if not passages:
-            return Generation(NOTHING_FOUND, self.model_name, "extractive")
+            chain = (ReasoningStep("No passage was retrieved, so there is no evidence to answer from.", ()),)
+            return self._generation(NOTHING_FOUND, chain if steps else None)
         best = best_similarity(passages)
         if best is not None and best < RELEVANCE_FLOOR:
             # Quoting the closest sentences would pass unrelated text off as an answer.
@@ -98,7 +152,15 @@ class ExtractiveGenerator:
                 f"(best similarity {best:.2f}, below {RELEVANCE_FLOOR}), so there is no answer to quote. "
                 f"The closest passages, probably unrelated: {closest}"
             )
-            return Generation(answer, self.model_name, "extractive")
+            nearest = max(passages, key=lambda p: p.query_similarity or 0.0)
+            chain = (
+                ReasoningStep(
+                    f"The closest chunk's similarity to the question is {best:.2f}, below the floor "
+                    f"{RELEVANCE_FLOOR}: nothing retrieved is about it, so nothing is quoted.",
+                    (nearest.cited_id,),
+                ),
+            )
+            return self._generation(answer, chain if steps else None)
         candidates = [
             (passage, position, sentence.text)
             for passage in passages
@@ -133,7 +195,56 @@ class ExtractiveGenerator:
             "Extractive answer (no LLM configured; these sentences are quoted from the retrieved documents, "
             "not generated):\n" + "\n".join(lines) + f"\n\nSources: {sources}"
         )
-        return Generation(answer, self.model_name, "extractive")
+        if not steps:
+            return self._generation(answer, None)
+        # The evidence chain: what was searched, why each quoted sentence was picked, how the answer is made.
+        chunk_ids = tuple(dict.fromkeys(p.cited_id for p in passages))
+        evidence = [
+            ReasoningStep(
+                f"Split the {len(chunk_ids)} retrieved chunks into {total} sentences and scored each by the "
+                "question's terms it contains (rarer terms count more) plus half its chunk's retrieval "
+                "score.",
+                chunk_ids,
+            )
+        ]
+        query_words = {stem(t): t for t in _terms(query)}
+        for i in chosen:
+            passage, _, text = candidates[i]
+            shared = [word for key, word in query_words.items() if key in sentence_stems[i]]
+            reason = (
+                f"shares {', '.join(shared)} with the question"
+                if shared
+                else "shares no term; picked by score"
+            )
+            evidence.append(
+                ReasoningStep(
+                    f'[{passage.citation}] "{_clip(text)}" {reason} (score {score(i):.2f}).',
+                    (passage.cited_id,),
+                )
+            )
+        evidence.append(
+            ReasoningStep(
+                f"The answer quotes {_sentences(len(chosen))}, in document order; nothing is inferred "
+                "beyond what they say.",
+                tuple(dict.fromkeys(candidates[i][0].cited_id for i in chosen)),
+            )
+        )
+        return self._generation(answer, tuple(evidence))
+
+    def _generation(self, answer: str, chain: tuple[ReasoningStep, ...] | None) -> Generation:
+        reasoning = Reasoning("extractive", EXTRACTIVE_STEPS_NOTE, chain) if chain is not None else None
+        return Generation(answer, self.model_name, "extractive", reasoning)
+
+
+def _sentences(count: int) -> str:
+    return f"{count} sentence{'' if count == 1 else 's'}"
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    """A sentence cut to about limit characters at a word boundary, for a step's text."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _by_citation(passages: list[Passage]) -> list[Passage]:
@@ -149,6 +260,16 @@ SYSTEM_PROMPT = (
     "Cite the passages you use as [n]. If the context does not contain the answer, say that you do not know "
     "rather than guessing. Be concise."
 )
+STEPS_PROMPT = (
+    " After the answer, write a line 'Steps:' and then the reasoning from the context to the answer, one "
+    "numbered step a line, each ending with the ids of the passages it uses in braces, as {id1, id2}."
+)
+LLM_STEPS_NOTE = (
+    "The LLM's own steps from the passages to its answer; a step lists only chunk ids it was given."
+)
+LLM_NO_STEPS_NOTE = (
+    "The LLM was asked for steps but wrote no 'Steps:' section; its reply is the answer as is."
+)
 
 
 class OpenAIGenerator:
@@ -160,15 +281,25 @@ class OpenAIGenerator:
         self._client = openai_client(settings)
 
     def generate(
-        self, query: str, passages: list[Passage], *, temperature: float, max_tokens: int
+        self,
+        query: str,
+        passages: list[Passage],
+        *,
+        temperature: float,
+        max_tokens: int,
+        steps: bool = False,
     ) -> Generation:
-        """Ask the LLM, with the passages as numbered context."""
-        context = "\n\n".join(f"[{p.citation}] {p.title}\n{p.content}".strip() for p in passages)
+        """Ask the LLM, with the passages as numbered context (and their chunk ids when steps are wanted)."""
+        context = "\n\n".join(
+            f"[{p.citation}] {p.title}{f' {{{p.cited_id}}}' if steps else ''}\n{p.content}".strip()
+            for p in passages
+        )
         user = f"Context:\n{context or '(no passages were retrieved)'}\n\nQuestion: {query}"
+        system = SYSTEM_PROMPT + (STEPS_PROMPT if steps else "")
         try:
             completion = self._client.chat.completions.create(
                 model=self.model_name,
-                messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
                 temperature=temperature,
                 max_tokens=max_tokens,
             )
@@ -184,7 +315,41 @@ class OpenAIGenerator:
         if not completion.choices or completion.choices[0].message.content is None:
             msg = "the LLM returned no answer text"
             raise GenerationFailedError(msg)
-        return Generation(completion.choices[0].message.content.strip(), self.model_name, "llm")
+        text = completion.choices[0].message.content.strip()
+        if not steps:
+            return Generation(text, self.model_name, "llm")
+        answer, reasoning = parse_llm_steps(text, passages)
+        return Generation(answer, self.model_name, "llm", reasoning)
+
+
+# The steps section of an LLM's reply: a line "Steps:" (markdown emphasis allowed), then one step a line.
+_STEPS_HEADING = re.compile(r"^[ \t*#_]*(?:reasoning )?steps[ \t*_]*:[ \t*_]*$", re.IGNORECASE | re.MULTILINE)
+_STEP_NUMBER = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*")
+_CHUNK_IDS = re.compile(r"\{([^{}]*)\}")
+_CITATION = re.compile(r"\[(\d+)\]")
+
+
+def parse_llm_steps(text: str, passages: list[Passage]) -> tuple[str, Reasoning]:
+    """Split an LLM reply into its answer and its steps; a step keeps only the ids of chunks it was given."""
+    headings = list(_STEPS_HEADING.finditer(text))
+    if not headings:
+        return text, Reasoning("llm", LLM_NO_STEPS_NOTE, ())
+    heading = headings[-1]
+    answer = text[: heading.start()].strip()
+    known = {p.cited_id for p in passages}
+    by_citation: dict[int, list[str]] = {}
+    for passage in passages:
+        by_citation.setdefault(passage.citation, []).append(passage.cited_id)
+    found: list[ReasoningStep] = []
+    for line in text[heading.end() :].splitlines():
+        body = _STEP_NUMBER.sub("", line).strip()
+        if not body:
+            continue
+        named = [i.strip() for group in _CHUNK_IDS.findall(body) for i in group.split(",")]
+        cited = [i for n in _CITATION.findall(body) for i in by_citation.get(int(n), [])]
+        chunk_ids = tuple(dict.fromkeys(i for i in [*named, *cited] if i in known))
+        found.append(ReasoningStep(_CHUNK_IDS.sub("", body).strip(), chunk_ids))
+    return answer or text, Reasoning("llm", LLM_STEPS_NOTE, tuple(found))
 
 
 def create_generator(settings: Settings) -> Generator:

@@ -24,6 +24,7 @@ from iris_rag.errors import (
     RetrievalFailedError,
 )
 from iris_rag.generation import RELEVANCE_FLOOR, Generation, Generator, Passage
+from iris_rag.ranking import RankingOptions, check_ranking, pool_size, rerank
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk, check_embedding_model
 from iris_rag.stores.filters import MetadataFilter, parse_filters
@@ -42,6 +43,22 @@ class QueryOptions(BaseModel):
     min_similarity: float = Field(0.0, ge=0, le=1)
     generate: bool = True
     filters: dict[str, Any] | None = None
+    ranking: RankingOptions | None = None
+    cot_steps: bool = False
+
+    def check(self) -> None:
+        """Refuse combinations the schema cannot express (INVALID_PARAMETERS)."""
+        if self.ranking is not None:
+            check_ranking(self.ranking)
+        if self.cot_steps and not self.generate:
+            msg = "options.cot_steps needs generate: true (the steps lead to an answer)"
+            raise InvalidParametersError(msg)
+
+    def for_retrieval(self) -> QueryOptions:
+        """The options retrieve() gets: with ranking, a wider pool than top_k to rerank."""
+        if self.ranking is None:
+            return self
+        return self.model_copy(update={"top_k": pool_size(self.top_k, self.ranking)})
 
 
 class TechniqueRequest(BaseModel):
@@ -176,11 +193,16 @@ class Pipeline(ABC):
                 content=doc.chunk.content,
                 score=doc.score,
                 query_similarity=similarity.get(doc.chunk.chunk_id),
+                chunk_id=doc.chunk.chunk_id,
             )
             for doc in documents
         ]
         return self.context.generator.generate(
-            query, passages, temperature=options.temperature, max_tokens=options.max_tokens
+            query,
+            passages,
+            temperature=options.temperature,
+            max_tokens=options.max_tokens,
+            steps=options.cot_steps,
         )
 
     # The template
@@ -191,10 +213,11 @@ class Pipeline(ABC):
         collection = self.resolve_collection(request.collection_id)
         options = request.options
         metadata_filter = parse_filters(options.filters)
+        options.check()
 
         check_cancelled()
         try:
-            retrieval = self.retrieve(request.query, collection, options, params)
+            retrieval = self.retrieve(request.query, collection, options.for_retrieval(), params)
         except RagError:
             raise
         except Exception as exc:
@@ -213,7 +236,10 @@ class Pipeline(ABC):
             d
             for d in retrieval.documents
             if threshold == 0 or similarity.get(d.chunk.chunk_id, threshold) >= threshold
-        ][: options.top_k]
+        ]
+        if options.ranking is not None:
+            documents = rerank(documents, options.ranking)
+        documents = documents[: options.top_k]
         retrieved_at = time.perf_counter()
 
         generation: Generation | None = None
@@ -235,6 +261,7 @@ class Pipeline(ABC):
             "technique": self.technique,
             "query": request.query,
             "answer": generation.answer if generation else None,
+            **({"cot_steps": generation.steps.to_dict()} if generation and generation.steps else {}),
             "retrieved_documents": [
                 doc.to_dict(collection.id, rank) for rank, doc in enumerate(documents, start=1)
             ]

@@ -52,6 +52,23 @@ function sources(documents: unknown[]): Source[] {
   return [...byDocument.values()];
 }
 
+/** Labels for options.cot_steps by source: whose steps they are, in a few words (the note says it at length). */
+const STEPS_LABEL: Record<string, string> = {
+  llm: "Steps (the LLM's own):",
+  extractive: "Steps (extractive evidence chain, not model reasoning):",
+};
+
+/** options.cot_steps as numbered lines citing chunk ids; empty when the result has none. */
+function steps(value: unknown): string {
+  if (!isObject(value) || !Array.isArray(value.steps)) return "";
+  const lines = value.steps.filter(isObject).map((step) => {
+    const ids = Array.isArray(step.chunk_ids) ? step.chunk_ids.map(str).filter(Boolean) : [];
+    return `${num(step.step)}. ${str(step.text)}${ids.length > 0 ? ` {${ids.join(", ")}}` : ""}`;
+  });
+  const label = STEPS_LABEL[str(value.source)] ?? "Steps:";
+  return `\n\n${label}\n${lines.length > 0 ? lines.join("\n") : `(none: ${str(value.note)})`}`;
+}
+
 export function renderTechniqueResult(result: JsonObject): string {
   const metadata = isObject(result.metadata) ? result.metadata : {};
   const performance = isObject(result.performance) ? result.performance : {};
@@ -63,5 +80,5 @@ export function renderTechniqueResult(result: JsonObject): string {
       `[${s.citation}] ${s.title || "(untitled)"} | document ${s.documentId} | chunks ${s.chunkIds.join(", ")} | score ${s.score.toFixed(3)}\n    ${s.snippet}`,
   );
   const body = found.length > 0 ? lines.join("\n") : "(no passages retrieved)";
-  return `${answer}\n\n${header}\n${body}`;
+  return `${answer}${steps(result.cot_steps)}\n\n${header}\n${body}`;
 }

@@ -16,8 +16,10 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 from jsonschema import Draft202012Validator, ValidationError, validators
+from pydantic import ValidationError as PydanticValidationError
 
 from iris_rag.errors import InvalidParametersError
+from iris_rag.pipeline import QueryOptions
 from iris_rag.stores.filters import parse_filters
 from iris_rag.techniques.sqlrag.tables import MAX_COLUMNS
 
@@ -89,6 +91,21 @@ def _filters_rejected(arguments: dict[str, Any]) -> bool:
     return False
 
 
+def _options_rejected(arguments: dict[str, Any]) -> bool:
+    """options beyond the schema (QueryOptions.check): a ranking whose weights are all 0, a reputation
+    weight without exactly one of reputation_field and reputation_sources, cot_steps with generate false."""
+    options = arguments.get("options")
+    if not isinstance(options, dict):
+        return False
+    try:
+        QueryOptions.model_validate(options).check()
+    except InvalidParametersError:
+        return True
+    except PydanticValidationError:
+        return False
+    return False
+
+
 def _crag_rules(arguments: dict[str, Any]) -> bool:
     params = arguments.get("technique_params", {})
     # No web-search provider ships; incorrect_threshold must not exceed confidence_threshold.
@@ -144,7 +161,11 @@ DOCUMENTED_RULES: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = 
 def refusal_documented(tool: str, arguments: dict[str, Any], error: dict[str, Any]) -> bool:
     """Whether a documented content rule allows refusing these schema-valid arguments."""
     rule = DOCUMENTED_RULES.get(tool)
-    return _filters_rejected(arguments) or (rule is not None and rule(arguments, error))
+    return (
+        _filters_rejected(arguments)
+        or _options_rejected(arguments)
+        or (rule is not None and rule(arguments, error))
+    )
 
 
 def _json_values(max_leaves: int = 6) -> st.SearchStrategy[Any]:

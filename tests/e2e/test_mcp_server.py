@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -183,3 +184,40 @@ async def test_a_collection_is_deleted_through_mcp_when_named_twice(session: Cli
     assert "doomed" not in {c["id"] for c in listed["collections"]}
     gone, answer = await call(session, "rag_basic", {"query": "Paris", "collection_id": "doomed"})
     assert gone.isError and answer["error"]["code"] == "COLLECTION_NOT_FOUND"
+
+
+async def test_ranking_and_reasoning_steps_through_mcp(session: ClientSession) -> None:
+    """options.ranking reorders by the weighted 4R score; options.cot_steps shows the evidence chain."""
+    dated = [
+        {**DOCUMENTS[0], "metadata": {"date": "1990-01-01"}},
+        {
+            "id": "seine-news",
+            "title": "Seine news",
+            "content": "A new footbridge over the Seine opened in Paris this month.",
+            "metadata": {"date": datetime.now(UTC).date().isoformat()},
+        },
+    ]
+    await call(session, "rag_ingest", {"collection_id": "e2e-ranked", "documents": dated})
+    query = {"query": "Which river flows through Paris?", "collection_id": "e2e-ranked"}
+    plain, body = await call(session, "rag_basic", {**query, "options": {"top_k": 1}})
+    assert not plain.isError and body["retrieved_documents"][0]["id"] == "seine"
+    options = {"top_k": 1, "cot_steps": True, "ranking": {"relevancy": 0.2, "recency": 0.8}}
+    result, answer = await call(session, "rag_basic", {**query, "options": options})
+    assert not result.isError, answer
+    (first,) = answer["retrieved_documents"]
+    assert first["id"] == "seine-news"
+    assert set(first["score_details"]["ranking"]) >= {
+        "relevancy",
+        "recency",
+        "richness",
+        "reputation",
+        "overall",
+    }
+    assert answer["cot_steps"]["source"] == "extractive"
+    text = result.content[0]
+    assert isinstance(text, TextContent)
+    assert "\n\nSteps (extractive evidence chain, not model reasoning):\n1. " in text.text
+    assert "{seine-news#0}" in text.text
+    bad, error = await call(session, "rag_basic", {**query, "options": {"ranking": {"relevancy": 0}}})
+    assert bad.isError and error["error"]["code"] == "INVALID_PARAMETERS"
+    assert "every weight is 0" in error["error"]["message"]

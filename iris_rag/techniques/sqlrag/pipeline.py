@@ -23,7 +23,14 @@ from iris_rag.errors import (
     InvalidParametersError,
     SqlRejectedError,
 )
-from iris_rag.generation import ExtractiveGenerator, Generation, Passage
+from iris_rag.generation import (
+    EXTRACTIVE_STEPS_NOTE,
+    ExtractiveGenerator,
+    Generation,
+    Passage,
+    Reasoning,
+    ReasoningStep,
+)
 from iris_rag.llm import openai_client
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.redaction import redact
@@ -449,17 +456,26 @@ class SqlRagPipeline(Pipeline):
                 content=d.chunk.content,
                 score=d.score,
                 query_similarity=similarity.get(d.chunk.chunk_id),
+                chunk_id=d.chunk.chunk_id,
             )
             for d in documents
             if d is not table
         ]
         answer = self._rows_answer(table)
+        # options.cot_steps: the rows come first, quoted as the SQL returned them, then the passages' chain.
+        chain = [ReasoningStep("The SQL result's rows are quoted first, as returned.", (SQL_CHUNK_ID,))]
         if passages:
             extractive = self.context.generator.generate(
-                query, passages, temperature=options.temperature, max_tokens=options.max_tokens
+                query,
+                passages,
+                temperature=options.temperature,
+                max_tokens=options.max_tokens,
+                steps=options.cot_steps,
             )
             answer += "\n\n" + extractive.answer
-        return Generation(answer, self.context.generator.model_name, "extractive")
+            chain += extractive.steps.steps if extractive.steps else ()
+        steps = Reasoning("extractive", EXTRACTIVE_STEPS_NOTE, tuple(chain)) if options.cot_steps else None
+        return Generation(answer, self.context.generator.model_name, "extractive", steps)
 
     def _rows_answer(self, table: RetrievedDocument) -> str:
         metadata = table.chunk.metadata

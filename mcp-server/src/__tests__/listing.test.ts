@@ -115,6 +115,18 @@ describe("a technique result's text", () => {
     assert.match(text, /no passages retrieved/);
   });
 
+  it("shows options.cot_steps after the answer, labelled by source, each step with its chunk ids", () => {
+    const base = { technique: "basic", answer: "A [1]", retrieved_documents: [], metadata: {}, performance: {} };
+    const extractive = renderTechniqueResult({
+      ...base,
+      cot_steps: { source: "extractive", note: "n", steps: [{ step: 1, text: "Scored.", chunk_ids: ["d1#0", "d2#0"] }, { step: 2, text: "Quoted.", chunk_ids: [] }] },
+    });
+    assert.match(extractive, /^A \[1\]\n\nSteps \(extractive evidence chain, not model reasoning\):\n1\. Scored\. \{d1#0, d2#0\}\n2\. Quoted\.\n\nPassages/);
+    const none = renderTechniqueResult({ ...base, cot_steps: { source: "llm", note: "no Steps: section", steps: [] } });
+    assert.match(none, /Steps \(the LLM's own\):\n\(none: no Steps: section\)/);
+    assert.ok(!renderTechniqueResult(base).includes("Steps"));
+  });
+
   it("cuts snippets at a word boundary", () => {
     assert.equal(snippet("one two three", 100), "one two three");
     assert.equal(snippet("alpha beta gamma delta", 17), "alpha beta gamma …");
