@@ -219,13 +219,32 @@ _TRAILING = frozenset(
     "may might can could will would also significantly markedly strongly further did does do not both "
     "directly partially substantially greatly dramatically only to which that it".split()
 )
-_PRONOUNS = frozenset("it this these those they we he she its their our which there such".split())
+_PRONOUNS = frozenset(
+    "it this these those they we he she its their our which there such where when who whom whose".split()
+)
+# Words that are never a key phrase: prepositions, connectives and the verbs abstracts use most.
+_FUNCTION = frozenset(
+    "during after before between among within without across through upon via per about against under over "
+    "using used use uses remain remains remained held given show shows showed shown suggest suggests "
+    "suggested indicate indicates found find finds including include includes based however although thus "
+    "therefore must whether well often here each either neither another other others many much more most "
+    "less least several various new recent novel whereas despite".split()
+)
+_PARENTHESES = re.compile(r"\s*\([^()]*\)")
 _GENERIC = frozenset(
     "result results finding findings study studies effect effects aim goal purpose data method methods "
     "conclusion conclusions objective background analysis outcome outcomes evidence work paper trial".split()
 )
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
+_QUOTES = "\"'\u201c\u201d\u2018\u2019`"
+_AUXILIARIES = frozenset("is are was were be been being has have had".split())
+_PREPOSITIONS = frozenset("in on at of for with by to from into than as".split())
+_SECTIONS = frozenset(
+    "objective objectives background methods method results conclusion conclusions purpose aims aim "
+    "introduction design setting participants findings interpretation context importance highlights".split()
+)
 MAX_PHRASE_WORDS = 10
+MAX_SUBJECT_WORDS = 7
 
 
 def _cut(text: str, limit: int) -> str:
@@ -238,16 +257,38 @@ def _content_stems(text: str) -> set[str]:
 
 
 def _tidy(phrase: str, *, subject: bool) -> str | None:
-    """A subject or object phrase fit to quote in a question, or None."""
-    words = phrase.strip(" .,;:").split()
+    """A subject or object phrase fit to quote in a question, or None.
+
+    A phrase holding a verb is a clause, not a noun phrase ("mice showed", "is frequently"), and would make
+    a garbled question: an auxiliary anywhere, or an -ed word after the first, rejects it; so do a subject
+    ending in "and" (a coordinated verb phrase), an object starting with a preposition, and abstract section
+    labels ("OBJECTIVE").
+    """
+    words = [w.strip(_QUOTES) for w in phrase.strip(" .,;:").split()]
+    words = [w for w in words if w]
+    while words and words[0].lower() in _SECTIONS:
+        words.pop(0)
     if subject:
+        if words and words[-1].lower() in {"and", "or"}:
+            return None
         while words and words[-1].lower() in _TRAILING:
             words.pop()
+    elif words and words[0].lower() in _PREPOSITIONS:
+        return None
     while words and words[-1].lower() in STOPWORDS:
         words.pop()
-    if not words or len(words) > MAX_PHRASE_WORDS or words[0].lower() in _PRONOUNS:
+    limit = MAX_SUBJECT_WORDS if subject else MAX_PHRASE_WORDS
+    if not words or len(words) > limit:
         return None
-    content = [w.lower() for w in words if w.lower() not in STOPWORDS]
+    lowered = [w.lower() for w in words]
+    if (
+        any(w in _AUXILIARIES or w in _PRONOUNS for w in lowered)
+        or any(w.endswith("ed") and w.isalpha() for w in lowered[1:])
+        or (subject and any(w in {"a", "an"} for w in lowered[1:]))
+        or (subject and all(w.endswith(("ed", "ing")) for w in lowered if w not in STOPWORDS))
+    ):
+        return None
+    content = [w for w in lowered if w not in STOPWORDS]
     if not content or all(w.strip("'") in _GENERIC for w in content):
         return None
     first = words[0]
@@ -267,7 +308,7 @@ def _object_after(text: str) -> str | None:
 
 def pattern_question(sentence: str) -> str | None:
     """A question from the sentence's wording (effect, cause, association, definition, reason), or None."""
-    text = sentence.rstrip(" .!")
+    text = _PARENTHESES.sub("", sentence).rstrip(" .!")
     if text.endswith("?"):
         return None
     for pattern, template in (
@@ -275,13 +316,14 @@ def pattern_question(sentence: str) -> str | None:
         (_EFFECT, "What is the effect of {s} on {o}?"),
         (_CAUSE_VERB, "What is the link between {s} and {o}?"),
     ):
-        match = pattern.search(text)
-        if match is None:
-            continue
-        subject = _subject_before(text[: match.start()])
-        target = _object_after(text[match.end() :])
-        if subject and target:
-            return template.format(s=subject, o=target)
+        for match in pattern.finditer(text):
+            before = text[: match.start()].split()
+            if before and before[-1].lower().endswith("ly") and match[0].lower().endswith("ed"):
+                continue  # "a thermally induced change": an adjective, not the sentence's verb
+            subject = _subject_before(text[: match.start()])
+            target = _object_after(text[match.end() :])
+            if subject and target:
+                return template.format(s=subject, o=target)
     because = _BECAUSE.search(text)
     if because is not None:
         clause = _tidy(_SUBJECT_START.split(text[: because.start()])[-1], subject=False)
@@ -295,41 +337,74 @@ def pattern_question(sentence: str) -> str | None:
     return None
 
 
-def key_phrase(sentence: str, idf: Mapping[str, float]) -> str | None:
-    """The sentence's most informative run of up to three content words (a name, a term)."""
-    best: tuple[float, str] | None = None
-    run: list[str] = []
+@dataclass(frozen=True, slots=True)
+class PhraseStatistics:
+    """Over some passages: each stem's IDF by sentence, and the word pairs and triples said twice or more."""
 
-    def close() -> None:
-        nonlocal best, run
-        words = run[-3:]  # an English noun phrase ends in its head
-        run = []
-        if not words:
-            return
-        score = sum(idf.get(stem(w.lower()), 0.0) for w in words)
-        if any(any(c.isupper() for c in w[1:]) or any(c.isdigit() for c in w) for w in words):
-            score *= 1.5  # an abbreviation or a gene-like name: what a reader asks about
-        if best is None or score > best[0]:
-            best = (score, " ".join(words))
+    idf: dict[str, float]
+    recurring: frozenset[str]
 
+    @classmethod
+    def of(cls, texts: Iterable[str]) -> PhraseStatistics:
+        """Count the sentences of these texts."""
+        sentences = [s.text for text in texts for s in split_sentences(text)]
+        frequency = Counter(st for text in sentences for st in _content_stems(text))
+        total = max(len(sentences), 1)
+        grams: Counter[str] = Counter()
+        for text in sentences:
+            for run in _runs(text):
+                lowered = [w.lower() for w in run]
+                grams.update(
+                    {" ".join(lowered[i : i + n]) for n in (2, 3) for i in range(len(lowered) - n + 1)}
+                )
+        return cls(
+            {st: math.log(1 + total / n) for st, n in frequency.items()},
+            frozenset(g for g, n in grams.items() if n >= 2),
+        )
+
+
+def _runs(sentence: str) -> list[list[str]]:
+    """The sentence's runs of content words (no stopword, verb-like or function word inside)."""
+    runs: list[list[str]] = [[]]
     for position, word in enumerate(_WORD.findall(sentence)):
         lower = word.lower()
         verbish = _EFFECT.fullmatch(lower) or _CAUSE_VERB.fullmatch(lower) or lower.endswith("ly")
         if (
             lower in STOPWORDS
             or lower in _TRAILING
+            or lower in _FUNCTION
+            or lower in _SECTIONS
             or verbish
-            or lower in _GENERIC
             or len(word) < 3
             or word.isdigit()
         ):
-            close()
+            runs.append([])
             continue
-        run.append(lower if position == 0 and word[1:].islower() else word)
-    close()
-    if best is None:
-        return None
-    return _tidy(best[1], subject=False)
+        runs[-1].append(lower if position == 0 and word[1:].islower() else word)
+    return [run for run in runs if run]
+
+
+def key_phrase(sentence: str, statistics: PhraseStatistics) -> str | None:
+    """The sentence's most informative term: a word pair or triple the passages repeat, else one word.
+
+    Repeated word sequences are how a corpus names its subjects ("vitamin D", "bone loss"); a single
+    word is the fallback, weighted up when it looks like a name (an abbreviation, a gene).
+    """
+    best: tuple[float, str] | None = None
+    for run in _runs(sentence):
+        for n in (1, 2, 3):
+            for i in range(len(run) - n + 1):
+                words = run[i : i + n]
+                if n > 1 and " ".join(w.lower() for w in words) not in statistics.recurring:
+                    continue
+                if all(w.lower() in _GENERIC for w in words):
+                    continue
+                score = sum(statistics.idf.get(stem(w.lower()), 0.0) for w in words) * (2.0 if n > 1 else 1.0)
+                if any(any(c.isupper() for c in w[1:]) or any(c.isdigit() for c in w) for w in words):
+                    score *= 1.5  # an abbreviation or a gene-like name: what a reader asks about
+                if best is None or score > best[0]:
+                    best = (score, " ".join(words))
+    return None if best is None else _tidy(best[1], subject=False)
 
 
 def extractive_questions(context: str, passages: list[RetrievedDocument], wanted: int) -> list[Candidate]:
@@ -345,42 +420,40 @@ def extractive_questions(context: str, passages: list[RetrievedDocument], wanted
         for s in split_sentences(d.chunk.content)
         if len(s.text.split()) >= 5
     ]
-    frequency = Counter(st for _, _, text in sentences for st in _content_stems(text))
-    total = max(len(sentences), 1)
-    idf = {st: math.log(1 + total / n) for st, n in frequency.items()}
+    statistics = PhraseStatistics.of(d.chunk.content for d in passages)
+    idf = statistics.idf
     context_stems = _content_stems(context)
 
-    def relevance(item: tuple[int, RetrievedDocument, str]) -> float:
-        stems = _content_stems(item[2])
-        return sum(idf[s] for s in stems & context_stems) - 2.0 * item[0]
-
-    ranked: list[tuple[int, Candidate]] = []
-    for order, (rank, document, text) in enumerate(sorted(sentences, key=relevance, reverse=True)):
+    # Passages in retrieval order; in each, pattern questions first, then by the sentence's overlap with
+    # the context (IDF-weighted), so the follow-ups stay closest to what the reader is on.
+    ranked: list[tuple[tuple[int, int, float, int], Candidate]] = []
+    for position, (rank, document, text) in enumerate(sentences):
         question = pattern_question(text)
         priority = 0
         if question is None:
-            phrase = key_phrase(text, idf)
+            phrase = key_phrase(text, statistics)
             question = f"What is known about {phrase}?" if phrase else None
             priority = 1
         if question is None:
             continue
-        question = question[0].upper() + question[1:]
+        overlap = sum(idf[s] for s in _content_stems(text) & context_stems)
         chunk = document.chunk
-        ranked.append(
-            (priority * 1000 + order + rank, Candidate(question, chunk.chunk_id, chunk.document_id, text))
-        )
-    return _diverse((c for _, c in sorted(ranked, key=lambda item: item[0])), context_stems, wanted)
+        candidate = Candidate(question[0].upper() + question[1:], chunk.chunk_id, chunk.document_id, text)
+        ranked.append(((rank, priority, -overlap, position), candidate))
+    ranked.sort(key=lambda item: item[0])
+    return _diverse((c for _, c in ranked), context_stems, wanted)
 
 
 def _diverse(candidates: Iterable[Candidate], context_stems: set[str], wanted: int) -> list[Candidate]:
     chosen: list[Candidate] = []
     per_chunk: Counter[str] = Counter()
-    seen: set[frozenset[str]] = set()
+    seen: list[frozenset[str]] = []
     for candidate in candidates:
         stems = frozenset(_content_stems(candidate.question))
-        if not stems - context_stems or stems in seen or per_chunk[candidate.chunk_id] >= 2:
+        repeats = any(stems <= other or other <= stems for other in seen)
+        if not stems - context_stems or repeats or per_chunk[candidate.chunk_id] >= 2:
             continue
-        seen.add(stems)
+        seen.append(stems)
         per_chunk[candidate.chunk_id] += 1
         chosen.append(candidate)
         if len(chosen) == wanted:

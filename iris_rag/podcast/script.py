@@ -8,16 +8,14 @@ stops when the requested duration is reached rather than at a word count guessed
 
 from __future__ import annotations
 
-import math
 import re
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from iris_rag.pipeline import RetrievedDocument
-from iris_rag.questions import key_phrase, pattern_question
-from iris_rag.text import query_terms, split_sentences, stem
+from iris_rag.questions import PhraseStatistics, key_phrase, pattern_question
+from iris_rag.text import split_sentences
 
 Speaker = Literal["host", "guest"]
 # Sentences the guest quotes from one passage.
@@ -90,20 +88,9 @@ def closing(topic: str) -> Turn:
     return Turn("host", f"That is all for today on {topic.strip().rstrip('.?!')}. Thank you for listening.")
 
 
-def _idf(passages: list[RetrievedDocument]) -> dict[str, float]:
-    frequency = Counter(
-        st
-        for d in passages
-        for s in split_sentences(d.chunk.content)
-        for st in {stem(t) for t in query_terms(s.text)}
-    )
-    total = max(sum(frequency.values()), 1)
-    return {st: math.log(1 + total / n) for st, n in frequency.items()}
-
-
 def extractive_exchanges(passages: list[RetrievedDocument], citations: Citations) -> Iterator[Turn]:
     """Host question, guest quotation, for each passage in order; passages without a sentence are skipped."""
-    idf = _idf(passages)
+    statistics = PhraseStatistics.of(d.chunk.content for d in passages)
     for document in passages:
         sentences = [s.text for s in split_sentences(document.chunk.content) if len(s.text.split()) >= 4]
         if not sentences:
@@ -116,7 +103,7 @@ def extractive_exchanges(passages: list[RetrievedDocument], citations: Citations
                 start = position
                 break
         if question is None:
-            phrase = key_phrase(sentences[0], idf)
+            phrase = key_phrase(sentences[0], statistics)
             title = document.chunk.title.strip().rstrip(".")
             question = (
                 f"What is known about {phrase}?" if phrase else f"What does the document {title!r} tell us?"
