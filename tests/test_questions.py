@@ -11,7 +11,8 @@ import pytest
 
 from iris_rag.embedder import Embedder
 from iris_rag.errors import CollectionNotFoundError, InvalidParametersError, PipelineNotFoundError
-from iris_rag.questions import VERIFY_TOP_K, pattern_question
+from iris_rag.questions import VERIFY_TOP_K, SmartQuestionsRequest, pattern_question
+from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS, SAMPLE_CORPUS
@@ -187,3 +188,27 @@ def test_a_retriever_is_needed(tmp_path: Path, embedder: Embedder) -> None:
             service.smart_questions({"context": "aspirin"})
     finally:
         service.close()
+
+
+def assert_model_mirrors_schema(tool: str, model: type[Any], defaults_only_in_model: set[str]) -> None:
+    """The tool's JSON Schema (what clients see and both sides validate) and its pydantic model agree."""
+    spec = tool_spec(tool)
+    assert spec is not None
+    properties = spec["inputSchema"]["properties"]
+    parsed = model.model_json_schema()
+    assert set(properties) == set(parsed["properties"]), tool
+    assert set(spec["inputSchema"]["required"]) == set(parsed.get("required", [])), tool
+    for name, field in properties.items():
+        mirrored = parsed["properties"][name]
+        mirrored = next((b for b in mirrored.get("anyOf", []) if b.get("type") != "null"), mirrored)
+        for key in ("type", "minimum", "maximum", "minLength", "maxLength"):
+            if key in field or key in mirrored:
+                assert field.get(key) == mirrored.get(key), (tool, name, key)
+        if name not in defaults_only_in_model:
+            assert field.get("default") == parsed["properties"][name].get("default"), (tool, name)
+
+
+def test_the_request_model_mirrors_the_schema() -> None:
+    # count's default (5) is left out of the listed schema to keep tools/list small; the model applies it.
+    assert_model_mirrors_schema("rag_smart_questions", SmartQuestionsRequest, {"count"})
+    assert SmartQuestionsRequest(context="x").count == 5

@@ -109,7 +109,7 @@ class PodcastMaker:
         if source == "llm" and added:
             source = "llm+extractive"
         duration_s = len(samples) / sample_rate
-        stamp = time.strftime("%Y%m%dT%H%M%S")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
         name = f"{_slug(collection.id, 24)}-{_slug(request.topic, 32)}-{stamp}-{secrets.token_hex(3)}"
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{name}.wav"

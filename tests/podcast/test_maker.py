@@ -15,13 +15,14 @@ import pytest
 from iris_rag.cancellation import CancelToken, cancellation_scope
 from iris_rag.embedder import Embedder
 from iris_rag.errors import DocumentNotFoundError, InvalidParametersError, RequestCancelledError
+from iris_rag.podcast.maker import PodcastRequest
 from iris_rag.podcast.speech import rms
 from iris_rag.progress import ProgressSink, progress_scope
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.fake_openai import FakeOpenAIServer
 from tests.podcast.test_speech import median_pitch_hz
-from tests.test_questions import TECHNIQUES, sample_documents
+from tests.test_questions import TECHNIQUES, assert_model_mirrors_schema, sample_documents
 
 TOPIC = "vitamin D and bone health"
 
@@ -165,3 +166,7 @@ def test_an_llm_script_is_spoken_and_a_short_one_is_made_up(
     assert abs(result["duration_s"] - 60) <= 15
     sidecar = json.loads(Path(result["audio_path"]).with_suffix(".json").read_text())
     assert sidecar["collection_id"] == "sci" and sidecar["transcript"] == result["transcript"]
+
+
+def test_the_request_model_mirrors_the_schema() -> None:
+    assert_model_mirrors_schema("rag_generate_podcast", PodcastRequest, set())
