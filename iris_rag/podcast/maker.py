@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from iris_rag import access, progress
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import DocumentNotFoundError, InvalidParametersError
+from iris_rag.generation import RELEVANCE_FLOOR
 from iris_rag.llm import TechniqueLLM
 from iris_rag.pipeline import Pipeline, RetrievedDocument
 from iris_rag.podcast import script
@@ -145,11 +146,20 @@ class PodcastMaker:
             "sources": citations.sources(cited_numbers),
             **({"llm_error": llm_error} if llm_error else {}),
         }
+        notes = []
+        best = max(d.score for d in passages)
+        if best < RELEVANCE_FLOOR:
+            notes.append(
+                f"nothing in the collection is close to this topic (best similarity {best:.2f}, below "
+                f"{RELEVANCE_FLOOR}): the podcast talks about the nearest passages, probably unrelated"
+            )
         if duration_s < 0.75 * target_s:
-            result["note"] = (
+            notes.append(
                 f"the collection ran out of passages on this topic after {duration_s:.0f} s of the "
                 f"{target_s:.0f} s asked for"
             )
+        if notes:
+            result["note"] = "; ".join(notes)
         sidecar = {k: v for k, v in result.items() if k != "audio_path"}
         sidecar["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         (self.directory / f"{name}.json").write_text(json.dumps(sidecar), encoding="utf-8")

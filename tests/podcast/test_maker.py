@@ -170,3 +170,10 @@ def test_an_llm_script_is_spoken_and_a_short_one_is_made_up(
 
 def test_the_request_model_mirrors_the_schema() -> None:
     assert_model_mirrors_schema("rag_generate_podcast", PodcastRequest, set())
+
+
+def test_an_off_topic_podcast_says_so(loaded: RagService) -> None:
+    result = loaded.generate_podcast(
+        {"topic": "the football world cup final", "collection_id": "sci", "duration_minutes": 1}
+    )
+    assert "nothing in the collection is close to this topic" in result["note"]
