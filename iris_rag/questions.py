@@ -238,6 +238,10 @@ _GENERIC = frozenset(
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
 _QUOTES = "\"'\u201c\u201d\u2018\u2019`"
 _AUXILIARIES = frozenset("is are was were be been being has have had".split())
+_SUBORDINATORS = frozenset(
+    "although though while whereas because since if unless when once however moreover furthermore thus "
+    "therefore also here finally first second".split()
+)
 _PREPOSITIONS = frozenset("in on at of for with by to from into than as".split())
 _SECTIONS = frozenset(
     "objective objectives background methods method results conclusion conclusions purpose aims aim "
@@ -266,7 +270,7 @@ def _tidy(phrase: str, *, subject: bool) -> str | None:
     """
     words = [w.strip(_QUOTES) for w in phrase.strip(" .,;:").split()]
     words = [w for w in words if w]
-    while words and words[0].lower() in _SECTIONS:
+    while words and (words[0].lower() in _SECTIONS or words[0].lower() in _SUBORDINATORS):
         words.pop(0)
     if subject:
         if words and words[-1].lower() in {"and", "or"}:
@@ -404,7 +408,13 @@ def key_phrase(sentence: str, statistics: PhraseStatistics) -> str | None:
                     score *= 1.5  # an abbreviation or a gene-like name: what a reader asks about
                 if best is None or score > best[0]:
                     best = (score, " ".join(words))
-    return None if best is None else _tidy(best[1], subject=False)
+    if best is None:
+        return None
+    words = best[1].split()
+    # A participle ends no term: "abnormal PrP indicating" is "abnormal PrP".
+    while len(words) > 1 and words[-1].lower().endswith("ing"):
+        words.pop()
+    return _tidy(" ".join(words), subject=False)
 
 
 def extractive_questions(context: str, passages: list[RetrievedDocument], wanted: int) -> list[Candidate]:
