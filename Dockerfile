@@ -6,8 +6,9 @@
 # (README, "HTTP service" and "Container").
 FROM node:20-bookworm-slim
 
+# espeak-ng: rag_generate_podcast's speech engine (the espeakng-loader wheel also ships it; either serves).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv curl \
+ && apt-get install -y --no-install-recommends python3 python3-venv curl espeak-ng \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 iris
 

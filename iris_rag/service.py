@@ -24,9 +24,12 @@ from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.ingestion.paths import read_paths
 from iris_rag.ingestion.roots import IngestRoots
+from iris_rag.llm import TechniqueLLM
 from iris_rag.llm_health import LlmProbe
 from iris_rag.monitor import Monitor, correlation_of
 from iris_rag.pipeline import Pipeline, PipelineContext, TechniqueRequest
+from iris_rag.podcast.maker import PodcastMaker, PodcastRequest, podcast_file
+from iris_rag.questions import SmartQuestions, SmartQuestionsRequest
 from iris_rag.result_cache import ResultCache, cache_key
 from iris_rag.schemas import CORRELATION_FIELDS, served_tool_specs, technique_tools, tool_specs
 from iris_rag.settings import Settings
@@ -146,6 +149,8 @@ class RagService:
             "update_collection": self.update_collection,
             "health_check": self.health_check,
             "metrics": self.metrics,
+            "smart_questions": self.smart_questions,
+            "generate_podcast": self.generate_podcast,
         }
         for pipeline in self.pipelines.values():
             methods.update(pipeline.extra_methods())
@@ -404,6 +409,27 @@ class RagService:
             "description": updated.description,
             "updated_at": updated.updated_at,
         }
+
+    @cached_property
+    def _technique_llm(self) -> TechniqueLLM:
+        return TechniqueLLM(self.settings)
+
+    def smart_questions(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_smart_questions: follow-up questions, each checked to retrieve its source chunk."""
+        arguments = validate_arguments("rag_smart_questions", params)
+        request = SmartQuestionsRequest.model_validate(arguments)
+        return SmartQuestions(self.pipelines, self._technique_llm).run(request)
+
+    def generate_podcast(self, params: dict[str, Any]) -> dict[str, Any]:
+        """rag_generate_podcast: a two-voice podcast, spoken offline and saved under RAG_DATA_DIR."""
+        arguments = validate_arguments("rag_generate_podcast", params)
+        request = PodcastRequest.model_validate(arguments)
+        return PodcastMaker(self.pipelines, self._technique_llm, self.settings.data_dir).run(request)
+
+    def podcast_file(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The audio file behind a rag://podcast/{name} resource (the front end reads it)."""
+        name = params.get("name")
+        return podcast_file(self.settings.data_dir, name if isinstance(name, str) else "")
 
     def metrics(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_metrics."""

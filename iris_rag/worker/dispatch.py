@@ -33,6 +33,7 @@ class Dispatcher:
             **service.methods(),
             "describe": service.describe,
             "record_call": service.record_call,
+            "podcast_file": service.podcast_file,
             "shutdown": lambda _params: {"shutting_down": True},
         }
 

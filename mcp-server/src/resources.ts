@@ -5,10 +5,12 @@
  *   rag://collection/{id}/stats                         one collection
  *   rag://collection/{id}/documents{?cursor,limit}      a page of its documents (next_uri reads the next)
  *   rag://collection/{id}/document/{document_id}        one document's text (text/plain)
+ *   rag://podcast/{name}                                a podcast rag_generate_podcast made (audio/wav blob)
  * Ids are percent-encoded in URIs. After every write the server sends notifications/resources/list_changed.
  */
 import type { ReadResourceResult, Resource, ResourceTemplate } from "@modelcontextprotocol/sdk/types.js";
 import { McpError, ErrorCode } from "@modelcontextprotocol/sdk/types.js";
+import { readFile } from "node:fs/promises";
 
 import type { Principal } from "./auth.js";
 import type { WorkerBridge } from "./bridge.js";
@@ -18,6 +20,7 @@ import { isObject, type JsonObject } from "./json.js";
 /** JSON-RPC error for a resource that does not exist (MCP: -32002). */
 const RESOURCE_NOT_FOUND = -32002;
 const NOT_FOUND_CODES = new Set(["COLLECTION_NOT_FOUND", "DOCUMENT_NOT_FOUND"]);
+const PODCAST_PREFIX = "rag://podcast/";
 
 const COLLECTIONS_URI = "rag://collections";
 const enc = encodeURIComponent;
@@ -44,17 +47,30 @@ export const RESOURCE_TEMPLATES: ResourceTemplate[] = [
     description: "One document's full text.",
     mimeType: "text/plain",
   },
+  {
+    uriTemplate: "rag://podcast/{name}",
+    name: "podcast",
+    title: "Podcast audio",
+    description: "A podcast rag_generate_podcast made (its resource_uri), as WAV audio.",
+    mimeType: "audio/wav",
+  },
 ];
 
 type Parsed =
   | { kind: "collections" }
   | { kind: "stats"; collection: string }
   | { kind: "documents"; collection: string; cursor?: string; limit?: number }
-  | { kind: "document"; collection: string; document: string };
+  | { kind: "document"; collection: string; document: string }
+  | { kind: "podcast"; name: string };
 
 /** What a rag:// URI names, or undefined for anything else. */
 export function parseResourceUri(uri: string): Parsed | undefined {
   if (uri === COLLECTIONS_URI) return { kind: "collections" };
+  if (uri.startsWith(PODCAST_PREFIX)) {
+    const name = uri.slice(PODCAST_PREFIX.length);
+    // The worker names podcasts [a-z0-9-]; anything else is no podcast (and never a path).
+    return /^[a-z0-9][a-z0-9-]{0,127}$/.test(name) ? { kind: "podcast", name } : undefined;
+  }
   const match = /^rag:\/\/collection\/([^/?#]+)\/(stats|documents|document\/([^/?#]+))(\?[^#]*)?$/.exec(uri);
   if (!match) return undefined;
   let collection: string;
@@ -119,6 +135,13 @@ export class ResourceRouter {
       case "document": {
         const document = (await this.call("get_document", { collection_id: target.collection, document_id: target.document }, principal, uri)) as JsonObject;
         return { contents: [{ uri, mimeType: "text/plain", text: typeof document.content === "string" ? document.content : "" }] };
+      }
+      case "podcast": {
+        // The worker checks the name and the caller's access and says where the file is; the audio itself
+        // is read here, so megabytes of it never cross the worker's JSON-lines pipe.
+        const file = (await this.call("podcast_file", { name: target.name }, principal, uri)) as JsonObject;
+        const audio = await readFile(String(file.path));
+        return { contents: [{ uri, mimeType: typeof file.mime_type === "string" ? file.mime_type : "audio/wav", blob: audio.toString("base64") }] };
       }
     }
   }

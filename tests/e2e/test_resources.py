@@ -83,6 +83,7 @@ async def test_resources_list_collections_and_templates(watched: Session) -> Non
         "rag://collection/{collection_id}/stats",
         "rag://collection/{collection_id}/documents{?cursor,limit}",
         "rag://collection/{collection_id}/document/{document_id}",
+        "rag://podcast/{name}",
     }
 
 
