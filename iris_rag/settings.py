@@ -33,9 +33,16 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     # Store
-    store: Literal["sqlite", "postgres"] = Field("sqlite", validation_alias="RAG_STORE")
+    store: Literal["sqlite", "postgres", "iris"] = Field("sqlite", validation_alias="RAG_STORE")
     # A secret: its password never reaches a log or a reply (llm_secrets carries it to redaction).
     postgres_url: SecretStr | None = Field(None, validation_alias="RAG_POSTGRES_URL")
+    # RAG_STORE=iris: InterSystems IRIS through intersystems-irispython (the iris extra).
+    iris_host: str | None = Field(None, validation_alias="IRIS_HOST")
+    iris_port: int = Field(1972, ge=1, le=65535, validation_alias="IRIS_PORT")
+    iris_namespace: str = Field("USER", min_length=1, validation_alias="IRIS_NAMESPACE")
+    iris_username: str = Field("_SYSTEM", validation_alias="IRIS_USERNAME")
+    iris_password: SecretStr | None = Field(None, validation_alias="IRIS_PASSWORD")
+    iris_connect_timeout_s: float = Field(10.0, gt=0, le=300, validation_alias="IRIS_CONNECT_TIMEOUT_S")
     data_dir: Path = Field(default_factory=default_data_dir, validation_alias="RAG_DATA_DIR")
     default_collection: str = Field("default", validation_alias="RAG_DEFAULT_COLLECTION")
 
@@ -100,6 +107,11 @@ class Settings(BaseSettings):
         if self.store == "postgres" and not (self.postgres_url and self.postgres_url.get_secret_value()):
             msg = "RAG_STORE=postgres needs RAG_POSTGRES_URL (postgresql://user:password@host:5432/database)"
             raise ValueError(msg)
+        if self.store == "iris" and not (self.iris_host and self.iris_host.strip()):
+            msg = (
+                "RAG_STORE=iris needs IRIS_HOST (and IRIS_PORT, IRIS_NAMESPACE, IRIS_USERNAME, IRIS_PASSWORD)"
+            )
+            raise ValueError(msg)
         return self
 
     @cached_property
@@ -115,7 +127,7 @@ class Settings(BaseSettings):
 
     @property
     def llm_secrets(self) -> list[str]:
-        """Credentials to redact: LLM_API_KEY, LLM_BASE_URL's and RAG_POSTGRES_URL's credentials."""
+        """Credentials to redact: LLM_API_KEY, LLM_BASE_URL's, RAG_POSTGRES_URL's and IRIS_PASSWORD."""
         secrets = [self.llm_api_key.get_secret_value()] if self.llm_api_key else []
         if self.llm_base_url:
             parts = urlsplit(self.llm_base_url)
@@ -129,6 +141,8 @@ class Settings(BaseSettings):
         if self.postgres_url:
             password = urlsplit(self.postgres_url.get_secret_value()).password
             secrets += [password] if password else []
+        if self.iris_password and self.iris_password.get_secret_value():
+            secrets.append(self.iris_password.get_secret_value())
         return secrets
 
     @property

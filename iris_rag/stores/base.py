@@ -258,6 +258,9 @@ class DenseSearch(Protocol):
     ) -> dict[str, float]:
         """Exact cosine similarity of the given chunks."""
 
+    def chunk_vectors(self, collection_id: str, chunk_ids: list[str]) -> dict[str, npt.NDArray[np.float32]]:
+        """The stored vectors of the given chunks, verbatim (unknown ids are left out; `iris-rag migrate`)."""
+
 
 class KeywordSearch(Protocol):
     """BM25 over the chunks' terms; queries are data (KeywordQuery) each backend compiles."""

@@ -1,0 +1,17 @@
+"""The InterSystems IRIS backend (RAG_STORE=iris): intersystems-irispython (DB-API), VECTOR + HNSW, BM25.
+
+The driver is imported by store.connect only, so this package imports without the iris extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from iris_rag.backends.iris.store import IrisStore, IrisTarget
+
+# A technique's storage contract (techniques/<t>/storage.py) -> the class that implements it here. None yet:
+# the service refuses colbert, noderag, graphrag and sqlrag at start on IRIS, by name.
+TECHNIQUE_STORAGE: dict[type[Any], Callable[[IrisStore], object]] = {}
+
+__all__ = ["TECHNIQUE_STORAGE", "IrisStore", "IrisTarget"]
