@@ -58,7 +58,8 @@ def rankings(service: RagService) -> dict[tuple[str, str], list[tuple[str, float
     for technique, query in itertools.product(TECHNIQUES, QUERIES):
         result = service.execute({"technique": technique, "arguments": _arguments(technique, query)})
         assert result["success"], result
-        found[technique, query] = [(d["chunk_id"], float(d["similarity_score"])) for d in result["retrieved_documents"]]
+        documents = result["retrieved_documents"]
+        found[technique, query] = [(d["chunk_id"], float(d["similarity_score"])) for d in documents]
         if technique == "sqlrag":
             rows = result["metadata"]["technique_specific"]["rows"]
             found[technique, query + " rows"] = [(orjson.dumps(r).decode(), 0.0) for r in rows]
@@ -137,8 +138,15 @@ def _assert_copied(source: Source, target: Any, settings: Settings, embedder: Em
             for chunk in chunks:  # bit for bit: copied, not encoded again
                 assert old[chunk].tobytes() == new[chunk].tobytes(), chunk
             for document in origin.document_ids(collection):
-                assert target.get_document(collection, document).metadata == (
-                    origin.get_document(collection, document).metadata
+                copied, original = (
+                    target.get_document(collection, document),
+                    origin.get_document(collection, document),
+                )
+                assert copied is not None and original is not None
+                assert (copied.title, copied.content, copied.metadata) == (
+                    original.title,
+                    original.content,
+                    original.metadata,
                 )
     finally:
         origin.close()

@@ -287,14 +287,15 @@ class IrisStore:
         self._local = _ThreadState()
 
     # Collections
-    def _collection_rows(self, where: str, parameters: Sequence[Any]) -> list[CollectionInfo]:
+    def _collection_rows(self, collection_id: str | None) -> list[CollectionInfo]:
+        """One collection (or every one, for None) with its counts."""
         rows = self.rows(
             f"""SELECT c.id, c.embedding_model, c.dimension, c.description, c.created_at, c.updated_at,
                        c.chunk_total,
                        (SELECT COUNT(*) FROM {SCHEMA}.Documents d WHERE d.collection_id = c.id),
                        (SELECT v.data_version FROM {SCHEMA}.Versions v WHERE v.collection_id = c.id)
-                FROM {SCHEMA}.Collections c {where} ORDER BY c.id""",
-            parameters,
+                FROM {SCHEMA}.Collections c WHERE (? IS NULL OR c.id = ?) ORDER BY c.id""",
+            (collection_id, collection_id),
         )
         return [
             CollectionInfo(
@@ -313,7 +314,7 @@ class IrisStore:
 
     def get_collection(self, collection_id: str) -> CollectionInfo | None:
         """The collection with counts, or None."""
-        found = self._collection_rows("WHERE c.id = ?", (collection_id,))
+        found = self._collection_rows(collection_id)
         return found[0] if found else None
 
     def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
@@ -338,7 +339,7 @@ class IrisStore:
 
     def list_collections(self) -> list[CollectionInfo]:
         """Every collection with counts."""
-        return self._collection_rows("", ())
+        return self._collection_rows(None)
 
     def set_description(self, collection_id: str, description: str) -> CollectionInfo | None:
         """Set the collection's description; None if there is no such collection."""
