@@ -213,3 +213,11 @@ def test_filters_select_what_the_postgres_store_selects(raw: dict[str, object], 
         assert {d for d, metadata in FILTER_DOCUMENTS if matches(metadata, parsed)} == expected
     finally:
         store.close()
+
+
+def test_the_health_component_is_named_iris_database_on_iris(service: RagService) -> None:
+    """The naming rule, on a SQLite service whose store reports itself as IRIS (no IRIS server here)."""
+    assert "database" in service.health_check({})["components"]
+    service.store.backend_name = "iris"  # the one attribute the rule reads
+    components = service.health_check({})["components"]
+    assert "iris_database" in components and "database" not in components
