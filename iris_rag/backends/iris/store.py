@@ -1,7 +1,7 @@
 """The InterSystems IRIS store (RAG_STORE=iris): rows, VECTOR columns with an HNSW index, BM25 from postings.
 
 As thin as the contract allows, and shaped like the PostgreSQL backend: the keyword leg is BM25 computed in
-NumPy from the collection's own postings (iris_rag.backends.bm25, shared with Postgres) rather than an
+NumPy from the collection's own postings (iris_rag.backends.common.bm25, shared with Postgres) rather than an
 iFind index, because the two cannot be compared on SciFact without a server and BM25 from the postings is
 known to rank exactly as the SQLite store's FTS5 does. Exact vector search (NumPy over the collection's
 stored float32 vectors, as in SQLite) answers small collections and filtered searches; past
@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from iris_rag.backends.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
+from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
 from iris_rag.backends.iris.filters import matches
 from iris_rag.backends.iris.schema import (
     MIGRATIONS,

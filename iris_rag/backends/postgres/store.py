@@ -18,7 +18,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from iris_rag.backends.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
+from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
 from iris_rag.backends.postgres.filters import to_sql
 from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
