@@ -414,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         except RagError as exc:
             print(f"error {exc.code}: {exc.message}", file=sys.stderr)
             return 2
+        except ConnectionError as exc:  # a store server that is not there (its message names it, no secret)
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     limit_blas_threads()
     settings = Settings()
     # Only commands that embed need the model loaded; `health --quick` must stay light.

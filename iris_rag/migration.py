@@ -97,6 +97,9 @@ class StoreSpec:
         if self.backend == "postgres":
             update = {"store": "postgres", "postgres_url": SecretStr(self.location)}
             return create_store(settings.model_copy(update=update))
+        if not (settings.iris_host and settings.iris_host.strip()):
+            msg = "iris: names the IRIS server of the IRIS_* variables, and IRIS_HOST is not set"
+            raise InvalidParametersError(msg, {"store": self.describe()})
         return create_store(settings.model_copy(update={"store": self.backend}))
 
 
@@ -286,10 +289,11 @@ def _copy_technique_rows(
         source_tokens = source.technique_storage(TokenVectorStorage)
         target_tokens = target.technique_storage(TokenVectorStorage)
         chunk_ids = [c.chunk_id for d in document_ids for c in source.get_document_chunks(collection_id, d)]
+        position = {chunk: i for i, chunk in enumerate(chunk_ids)}
         for start in range(0, len(chunk_ids), BATCH * 4):
             rows = source_tokens.load(collection_id, chunk_ids[start : start + BATCH * 4])
-            if rows:
-                target_tokens.insert(collection_id, rows)
+            if rows:  # in the chunks' order, as the ingest wrote them
+                target_tokens.insert(collection_id, sorted(rows, key=lambda r: position[r.chunk_id]))
         _, frequencies = source_tokens.frequencies(collection_id)
         if frequencies:
             target_tokens.add_frequencies(collection_id, frequencies)
@@ -299,9 +303,10 @@ def _copy_technique_rows(
         source_trees = source.technique_storage(NodeTreeStorage)
         target_trees = target.technique_storage(NodeTreeStorage)
         for start in range(0, len(document_ids), BATCH):
-            trees = source_trees.document_trees(collection_id, document_ids[start : start + BATCH])
-            if trees:
-                target_trees.write_trees(collection_id, list(trees.values()))
+            batch = document_ids[start : start + BATCH]
+            trees = source_trees.document_trees(collection_id, batch)
+            if trees:  # in the documents' order: leaves() gives them back in the order written
+                target_trees.write_trees(collection_id, [trees[d] for d in batch if d in trees])
         copied["noderag"] = target_trees.indexed_documents(collection_id)
     if "graphrag" in techniques:
         copied["graphrag"] = _copy_graph(

@@ -7,6 +7,7 @@ copied by the real command to PostgreSQL (pgserver) and to another SQLite file.
 from __future__ import annotations
 
 import itertools
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from iris_rag.errors import CollectionNotFoundError, InvalidParametersError
 from iris_rag.migration import StoreSpec, migrate
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from iris_rag.techniques.colbert.storage import TokenVectorStorage
 from iris_rag.techniques.graphrag.storage import KnowledgeGraphStorage
+from iris_rag.techniques.noderag.storage import NodeTreeStorage
 from tests.conftest import DOCUMENTS, SAMPLE_CORPUS
 
 QUERIES = [
@@ -148,6 +151,7 @@ def _assert_copied(source: Source, target: Any, settings: Settings, embedder: Em
                     original.content,
                     original.metadata,
                 )
+        _assert_same_technique_rows(origin, target)
     finally:
         origin.close()
     service = _service(settings, embedder)
@@ -157,6 +161,33 @@ def _assert_copied(source: Source, target: Any, settings: Settings, embedder: Em
         assert_same_rankings(source.rankings, rankings(service))
     finally:
         service.close()
+
+
+def _assert_same_technique_rows(origin: Any, target: Any) -> None:
+    """The technique rows themselves, beyond the rankings: graph aliases and documents, token frequencies,
+    node trees (entity ids differ between stores: aliases compare by entity key)."""
+    old_graph = origin.technique_storage(KnowledgeGraphStorage)
+    new_graph = target.technique_storage(KnowledgeGraphStorage)
+
+    def aliases(graph: Any) -> list[tuple[str, str, str, str]]:
+        keys = {e.row.id: e.row.key for e in graph.entities("docs", 0)}
+        return sorted(
+            (a.alias, keys[a.entity_id], a.document_id, a.surface) for a in graph.alias_rows("docs")
+        )
+
+    assert aliases(new_graph) == aliases(old_graph)
+    assert new_graph.graph_documents("docs") == old_graph.graph_documents("docs")
+    assert len(new_graph.graph_documents("docs")) == len(_corpus())
+    old_record, new_record = old_graph.graph_record("docs"), new_graph.graph_record("docs")
+    assert old_record is not None and new_record is not None
+    assert (new_record.extractor, new_record.llm_model) == (old_record.extractor, old_record.llm_model)
+    old_tokens = origin.technique_storage(TokenVectorStorage)
+    new_tokens = target.technique_storage(TokenVectorStorage)
+    assert new_tokens.frequencies("docs") == old_tokens.frequencies("docs")
+    old_trees = origin.technique_storage(NodeTreeStorage).leaves("docs")
+    new_trees = target.technique_storage(NodeTreeStorage).leaves("docs")
+    assert new_trees.document_ids == old_trees.document_ids
+    assert new_trees.matrix.tobytes() == old_trees.matrix.tobytes()
 
 
 def test_sqlite_to_postgres_ranks_the_same_for_every_technique(
@@ -277,6 +308,14 @@ def test_bad_stores_and_collections_are_refused_clearly(
     assert not (tmp_path / "none.sqlite3").exists()
     code, _, err = _migrate("--from", f"sqlite:{source.path}", "--to", f"sqlite:{source.path}", capsys=capsys)
     assert code == 2 and "the same store" in err
+    code, _, err = _migrate("--from", f"sqlite:{source.path}", "--to", "iris:", capsys=capsys)
+    assert code == 2 and "IRIS_HOST is not set" in err
+    with pytest.MonkeyPatch.context() as patch:  # an IRIS server that is not there: refused by name, at once
+        patch.setenv("IRIS_HOST", "127.0.0.1")
+        patch.setenv("IRIS_PORT", str(_closed_port()))
+        patch.setenv("IRIS_PASSWORD", "Sup3rSecret!")
+        code, _, err = _migrate("--from", f"sqlite:{source.path}", "--to", "iris:", capsys=capsys)
+    assert code == 2 and "cannot reach IRIS at 127.0.0.1" in err and "Sup3rSecret!" not in err
     origin, target = SqliteStore(source.path), SqliteStore(tmp_path / "t.sqlite3")
     try:
         with pytest.raises(CollectionNotFoundError, match="'nope'"):
@@ -285,6 +324,12 @@ def test_bad_stores_and_collections_are_refused_clearly(
     finally:
         origin.close()
         target.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def test_vectors_read_back_verbatim(source: Source) -> None:

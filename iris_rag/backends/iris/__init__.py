@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from iris_rag.backends.iris.colbert import IrisTokenVectors
 from iris_rag.backends.iris.store import IrisStore, IrisTarget
+from iris_rag.techniques.colbert.storage import TokenVectorStorage
 
-# A technique's storage contract (techniques/<t>/storage.py) -> the class that implements it here. None yet:
-# the service refuses colbert, noderag, graphrag and sqlrag at start on IRIS, by name.
-TECHNIQUE_STORAGE: dict[type[Any], Callable[[IrisStore], object]] = {}
+# A technique's storage contract (techniques/<t>/storage.py) -> the class that implements it here. Not yet
+# NodeTreeStorage, KnowledgeGraphStorage, StructuredTableStorage: the service refuses noderag, graphrag and
+# sqlrag at start on IRIS, by name.
+TECHNIQUE_STORAGE: dict[type[Any], Callable[[IrisStore], object]] = {TokenVectorStorage: IrisTokenVectors}
 
 __all__ = ["TECHNIQUE_STORAGE", "IrisStore", "IrisTarget"]

@@ -128,6 +128,33 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     ),
 ]
 
+MIGRATIONS.append(
+    (
+        2,
+        "rag_colbert: each chunk's word-piece ids and int8 token codes, and word-piece chunk counts",
+        [
+            f"""CREATE TABLE {SCHEMA}.ColbertTokens (
+    collection_id VARCHAR(512) NOT NULL,
+    chunk_id      VARCHAR(1200) NOT NULL,
+    document_id   VARCHAR(1024) NOT NULL,
+    token_count   INTEGER NOT NULL,
+    dimension     INTEGER NOT NULL,
+    scale         DOUBLE NOT NULL,
+    token_ids     VARBINARY(65536) NOT NULL,
+    codes         VARBINARY(1048576) NOT NULL,
+    PRIMARY KEY (collection_id, chunk_id)
+)""",
+            f"CREATE INDEX ColbertDocIdx ON {SCHEMA}.ColbertTokens (collection_id, document_id)",
+            f"""CREATE TABLE {SCHEMA}.ColbertFrequencies (
+    collection_id VARCHAR(512) NOT NULL,
+    token_id      INTEGER NOT NULL,
+    chunks        INTEGER NOT NULL,
+    PRIMARY KEY (collection_id, token_id)
+)""",
+        ],
+    )
+)
+
 MIGRATIONS_TABLE_DDL = f"""CREATE TABLE {SCHEMA}.Migrations (
     step        INTEGER NOT NULL PRIMARY KEY,
     description VARCHAR(1000) NOT NULL,
