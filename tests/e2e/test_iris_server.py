@@ -2,7 +2,7 @@
 
 Runs only where an IRIS server is reachable (IRIS_HOST set, e.g. `docker compose -f docker-compose.iris.yml
 up -d iris`); skipped with that reason elsewhere. The techniques whose rows have no IRIS storage yet
-(noderag, graphrag, sqlrag) are not served on IRIS.
+(graphrag, sqlrag) are not served on IRIS.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.conftest import iris_env
 from tests.e2e.test_mcp_server import DOCUMENTS, call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
-SERVED = ["rag_basic", "rag_colbert", "rag_crag", "rag_hybrid_ifind", "rag_hyde"]
+SERVED = ["rag_basic", "rag_colbert", "rag_crag", "rag_hybrid_ifind", "rag_hyde", "rag_noderag"]
 
 
 @pytest.fixture(scope="module")

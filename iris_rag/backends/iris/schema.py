@@ -155,6 +155,46 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        3,
+        "rag_noderag: each document's node tree, leaves with their vectors",
+        [
+            f"""CREATE TABLE {SCHEMA}.NodeTreeDocuments (
+    collection_id VARCHAR(512) NOT NULL,
+    document_id   VARCHAR(1024) NOT NULL,
+    node_total    INTEGER NOT NULL,
+    leaf_total    INTEGER NOT NULL,
+    tree_depth    INTEGER NOT NULL,
+    PRIMARY KEY (collection_id, document_id)
+)""",
+            # The columns of NODE_COLUMNS in their order, prefixed where a plain name may be reserved.
+            f"""CREATE TABLE {SCHEMA}.NodeTreeNodes (
+    collection_id   VARCHAR(512) NOT NULL,
+    document_id     VARCHAR(1024) NOT NULL,
+    write_order     BIGINT NOT NULL,
+    node_id         INTEGER NOT NULL,
+    node_kind       VARCHAR(20) NOT NULL,
+    node_level      INTEGER NOT NULL,
+    heading_level   INTEGER NOT NULL,
+    node_label      VARCHAR(32000) NOT NULL,
+    parent_id       INTEGER,
+    children_json   VARCHAR(3000000) NOT NULL,
+    prev_id         INTEGER,
+    next_id         INTEGER,
+    node_position   INTEGER NOT NULL,
+    start_char      INTEGER NOT NULL,
+    end_char        INTEGER NOT NULL,
+    key_sentence_id INTEGER,
+    is_code         INTEGER NOT NULL,
+    raw_vector      VARBINARY(32768),
+    PRIMARY KEY (collection_id, document_id, node_id)
+)""",
+            f"CREATE INDEX NodeOrderIdx ON {SCHEMA}.NodeTreeNodes (collection_id, write_order)",
+        ],
+    )
+)
+
 MIGRATIONS_TABLE_DDL = f"""CREATE TABLE {SCHEMA}.Migrations (
     step        INTEGER NOT NULL PRIMARY KEY,
     description VARCHAR(1000) NOT NULL,

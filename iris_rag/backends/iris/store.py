@@ -210,7 +210,7 @@ class IrisStore:
             self.connection().commit()
         return rows
 
-    def executemany(self, statement: str, parameters: list[Sequence[Any]]) -> None:
+    def executemany(self, statement: str, parameters: Sequence[Sequence[Any]]) -> None:
         """One statement over many parameter rows."""
         if parameters:
             self.connection().cursor().executemany(statement, [list(p) for p in parameters])

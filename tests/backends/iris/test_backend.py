@@ -89,14 +89,14 @@ def test_create_store_builds_the_iris_store_lazily(tmp_path: Path) -> None:
 # placeholder list. Anything else (a collection id, a term, a value) would be string-formatted SQL.
 # `statement` is the parameter of the store's own execute/rows wrappers (whose callers are checked here) or a
 # loop over the schema module's constant DDL.
-_ALLOWED_NAMES = {"SCHEMA", "table", "expression", "statement", "MIGRATIONS_TABLE_DDL"}
+_ALLOWED_NAMES = {"table", "expression", "statement"}
 _ALLOWED_CALLS = {"vector_table", "_marks", "int"}
 _SQL_METHODS = {"execute", "executemany", "rows"}
 
 
 def _allowed(node: ast.expr) -> bool:
-    if isinstance(node, ast.Name):
-        return node.id in _ALLOWED_NAMES
+    if isinstance(node, ast.Name):  # or a module constant (upper case): column lists, DDL
+        return node.id in _ALLOWED_NAMES or node.id.lstrip("_").isupper()
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         return node.func.id in _ALLOWED_CALLS
     if isinstance(node, ast.Attribute):  # self._CHUNK_SELECT: a constant of the class
@@ -221,3 +221,13 @@ def test_the_health_component_is_named_iris_database_on_iris(service: RagService
     service.store.backend_name = "iris"  # the one attribute the rule reads
     components = service.health_check({})["components"]
     assert "iris_database" in components and "database" not in components
+
+
+def test_the_techniques_iris_stores_and_the_ones_it_refuses() -> None:
+    from iris_rag.backends.iris import TECHNIQUE_STORAGE, noderag
+    from iris_rag.techniques.colbert.storage import TokenVectorStorage
+    from iris_rag.techniques.noderag.storage import NODE_COLUMNS, NodeTreeStorage
+
+    assert set(TECHNIQUE_STORAGE) == {TokenVectorStorage, NodeTreeStorage}
+    # NodeRAG's columns, under IRIS-safe names, in NODE_COLUMNS' order.
+    assert len(noderag._COLUMNS.split(", ")) == len(NODE_COLUMNS)
