@@ -342,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--collection", action="append", default=None, help="copy only this collection (repeatable)"
     )
     migrate.add_argument(
+        "--skip-technique",
+        action="append",
+        default=[],
+        metavar="TECHNIQUE",
+        help="leave this technique's rows behind (colbert, noderag, graphrag, sqlrag); reindex it later",
+    )
+    migrate.add_argument(
         "--replace",
         action="store_true",
         help="overwrite collections the target already holds (refused otherwise)",
@@ -378,6 +385,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             target_store,
             args.collection,
             replace=args.replace,
+            skip=frozenset(t.strip() for item in args.skip_technique for t in item.split(",") if t.strip()),
             progress=lambda _collection, documents: bar.update(documents),
         )
     for copy in copies:

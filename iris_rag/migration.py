@@ -130,24 +130,35 @@ def migrate(
     collections: list[str] | None = None,
     *,
     replace: bool = False,
+    skip: frozenset[str] = frozenset(),
     progress: Callable[[str, int], None] | None = None,
 ) -> list[CollectionCopy]:
     """Copy the named collections (all when None) from source to target, each in one target transaction.
 
-    Every collection is checked before any is written: a missing source collection, or one the target
-    already holds while replace is False, refuses the whole run (InvalidParametersError).
+    Every collection is checked before any is written: a missing source collection, one the target
+    already holds while replace is False, or technique rows the target cannot store (unless that technique
+    is in `skip`: its rows stay behind, and it reports the collection for a reindex) refuse the whole run.
     """
+    unknown = sorted(skip - _CONTRACTS.keys())
+    if unknown:
+        msg = f"unknown techniques to skip {unknown}; techniques with rows: {', '.join(_CONTRACTS)}"
+        raise InvalidParametersError(msg)
     names = collections if collections is not None else [c.id for c in source.list_collections()]
     missing = [name for name in names if source.get_collection(name) is None]
     if missing:
         msg = f"the source store has no collection {', '.join(map(repr, missing))}"
         raise CollectionNotFoundError(msg, {"collections": missing})
     for name in names:
-        lacking = [t for t in _techniques_with_rows(source, name) if _storage(target, _CONTRACTS[t]) is None]
+        lacking = [
+            t
+            for t in _techniques_with_rows(source, name)
+            if t not in skip and _storage(target, _CONTRACTS[t]) is None
+        ]
         if lacking:
             msg = (
                 f"collection {name!r} has {', '.join(lacking)} rows that the {target.backend_name} store "
-                "cannot hold yet: nothing was copied"
+                "cannot hold yet: nothing was copied "
+                f"(--skip-technique {','.join(lacking)} leaves them behind)"
             )
             raise InvalidParametersError(msg, {"collection": name, "techniques": lacking})
     present = [name for name in names if target.get_collection(name) is not None]
@@ -157,7 +168,7 @@ def migrate(
             "pass --replace to overwrite (each replaced collection is deleted and copied in one transaction)"
         )
         raise InvalidParametersError(msg, {"collections": present})
-    return [_copy_collection(source, target, name, name in present, progress) for name in names]
+    return [_copy_collection(source, target, name, name in present, skip, progress) for name in names]
 
 
 def _copy_collection(
@@ -165,6 +176,7 @@ def _copy_collection(
     target: DocumentStore,
     collection_id: str,
     replace: bool,
+    skip: frozenset[str],
     progress: Callable[[str, int], None] | None,
 ) -> CollectionCopy:
     info = source.get_collection(collection_id)
@@ -188,7 +200,7 @@ def _copy_collection(
                 progress(collection_id, len(batch))
         if info.description:
             target.set_description(collection_id, info.description)
-        report.techniques = _copy_technique_rows(source, target, collection_id, document_ids)
+        report.techniques = _copy_technique_rows(source, target, collection_id, document_ids, skip)
     return report
 
 
@@ -276,14 +288,18 @@ def _drop_technique_rows(target: DocumentStore, collection_id: str) -> None:
 
 
 def _copy_technique_rows(
-    source: DocumentStore, target: DocumentStore, collection_id: str, document_ids: list[str]
+    source: DocumentStore,
+    target: DocumentStore,
+    collection_id: str,
+    document_ids: list[str],
+    skip: frozenset[str],
 ) -> dict[str, int]:
     """Each technique's rows of the collection, through its storage contract; documents indexed by each.
 
     migrate() has checked that the target has a storage for every technique with rows in the source.
     """
     copied: dict[str, int] = {}
-    techniques = _techniques_with_rows(source, collection_id)
+    techniques = [t for t in _techniques_with_rows(source, collection_id) if t not in skip]
     if "colbert" in techniques:
         # Token codes per chunk, and the word-piece document frequencies behind the query-side IDF.
         source_tokens = source.technique_storage(TokenVectorStorage)

@@ -341,3 +341,39 @@ def test_vectors_read_back_verbatim(source: Source) -> None:
         assert all(v.dtype == np.float32 and v.shape == (384,) for v in vectors.values())
     finally:
         store.close()
+
+
+def test_rows_the_target_cannot_hold_are_refused_or_left_behind_when_told(
+    source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for IRIS, which has no GraphRAG storage yet: refused by name, or skipped with --skip-technique."""
+    from iris_rag.backends import sqlite
+
+    lacking = {k: v for k, v in sqlite.TECHNIQUE_STORAGE.items() if k is not KnowledgeGraphStorage}
+    origin = SqliteStore(source.path)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(sqlite, "TECHNIQUE_STORAGE", lacking)
+            target = SqliteStore(tmp_path / "t.sqlite3")
+            try:
+                with pytest.raises(
+                    InvalidParametersError, match=r"'docs' has graphrag rows .*--skip-technique"
+                ):
+                    migrate(origin, target, ["docs"])
+                assert target.list_collections() == []
+                with pytest.raises(InvalidParametersError, match="unknown techniques to skip"):
+                    migrate(origin, target, ["docs"], skip=frozenset({"graph"}))
+                copies = migrate(origin, target, ["docs"], skip=frozenset({"graphrag"}))
+                assert "graphrag" not in copies[0].techniques and copies[0].techniques["colbert"] == len(
+                    _corpus()
+                )
+            finally:
+                target.close()
+        target = SqliteStore(tmp_path / "t.sqlite3")
+        try:
+            assert target.technique_storage(KnowledgeGraphStorage).graph_record("docs") is None
+            assert target.get_collection("docs") is not None
+        finally:
+            target.close()
+    finally:
+        origin.close()
