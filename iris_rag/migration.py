@@ -137,7 +137,8 @@ def migrate(
 
     Every collection is checked before any is written: a missing source collection, one the target
     already holds while replace is False, or technique rows the target cannot store (unless that technique
-    is in `skip`: its rows stay behind, and it reports the collection for a reindex) refuse the whole run.
+    is in `skip`: its rows stay behind, and it answers INDEX_NOT_BUILT there until a reindex) refuse the
+    whole run.
     """
     unknown = sorted(skip - _CONTRACTS.keys())
     if unknown:
