@@ -1,4 +1,4 @@
-"""The store contract every backend implements (iris_rag/backends/: SQLite now, PostgreSQL and IRIS next).
+"""The store contract every backend implements (iris_rag/backends/: SQLite, PostgreSQL and IRIS).
 
 No driver type appears here: a backend keeps its connections to itself, compiles keyword queries and
 metadata filters to its own dialect, and stores each technique's rows through the storage contract the
