@@ -101,11 +101,6 @@ class IrisConnectionError(ConnectionError):
 
 def connect(target: IrisTarget) -> Any:
     """A DB-API connection (autocommit off), or IrisConnectionError within the connect timeout."""
-    try:
-        import iris  # intersystems-irispython: the iris extra
-    except ImportError as exc:
-        msg = "RAG_STORE=iris needs the InterSystems driver: pip install 'iris-rag[iris]'"
-        raise IrisConnectionError(msg) from exc
     # Reach the superserver port first, bounded: an unroutable host fails here in connect_timeout_s.
     try:
         with socket.create_connection((target.host, target.port), timeout=target.connect_timeout_s):
@@ -116,6 +111,11 @@ def connect(target: IrisTarget) -> Any:
             f"({type(exc).__name__}: {exc}); check IRIS_HOST and IRIS_PORT, and that the server runs"
         )
         raise IrisConnectionError(redact(msg, [target.password])) from exc
+    try:
+        import iris  # intersystems-irispython: the iris extra
+    except ImportError as exc:
+        msg = "RAG_STORE=iris needs the InterSystems driver: pip install 'iris-rag[iris]'"
+        raise IrisConnectionError(msg) from exc
     try:
         return iris.connect(
             hostname=target.host,

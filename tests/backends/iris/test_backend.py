@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 from iris_rag.backends import create_store
 from iris_rag.backends.iris import schema
 from iris_rag.backends.iris.filters import matches
-from iris_rag.backends.iris.store import IrisConnectionError, IrisTarget, vector_literal
+from iris_rag.backends.iris.store import IrisConnectionError, IrisTarget, connect, vector_literal
 from iris_rag.redaction import redact
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -231,3 +232,14 @@ def test_the_techniques_iris_stores_and_the_ones_it_refuses() -> None:
     assert set(TECHNIQUE_STORAGE) == {TokenVectorStorage, NodeTreeStorage}
     # NodeRAG's columns, under IRIS-safe names, in NODE_COLUMNS' order.
     assert len(noderag._COLUMNS.split(", ")) == len(NODE_COLUMNS)
+
+
+def test_without_the_driver_the_refusal_says_which_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers, and no intersystems-irispython installed (the iris extra)."""
+    monkeypatch.setitem(sys.modules, "iris", None)  # `import iris` raises ImportError
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        target = IrisTarget("127.0.0.1", int(listener.getsockname()[1]), password="Sup3rSecret!")
+        with pytest.raises(IrisConnectionError, match=r"pip install 'iris-rag\[iris\]'"):
+            connect(target)
