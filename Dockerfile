@@ -20,19 +20,21 @@ ENV PIP_NO_CACHE_DIR=1 \
     RAG_DATA_DIR=/data
 
 # Dependencies first, from the manifests alone: a source edit does not reinstall torch or node_modules.
+# Both store drivers (postgres, iris) are installed: RAG_STORE picks the store at run time.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 COPY pyproject.toml constraints.txt ./
 RUN python3 -m venv .venv \
  && .venv/bin/pip install torch==2.13.0 --index-url "$TORCH_INDEX_URL" \
  && .venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > /tmp/requirements.txt \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres'] + p['optional-dependencies']['iris']))" \
+    > /tmp/requirements.txt \
  && .venv/bin/pip install -c constraints.txt -r /tmp/requirements.txt
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund --loglevel=error
 
 # The source, the package itself (no dependencies left to fetch), the front end built, dev packages gone.
 COPY . .
-RUN .venv/bin/pip install --no-deps -e ".[postgres]" \
+RUN .venv/bin/pip install --no-deps -e ".[postgres,iris]" \
  && npm run --silent build \
  && npm prune --omit=dev --no-audit --no-fund --loglevel=error
 

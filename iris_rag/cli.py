@@ -14,7 +14,7 @@ import orjson
 from tqdm import tqdm
 
 from iris_rag.embedder import Embedder, resolve_model_path
-from iris_rag.errors import RagError
+from iris_rag.errors import InvalidParametersError, RagError
 from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
 from iris_rag.ingestion.sync import sync_folder
 from iris_rag.runtime import limit_blas_threads
@@ -188,7 +188,6 @@ def cmd_eval(args: argparse.Namespace, service: RagService) -> int:
     # Imported here so that the other commands never load pytrec_eval.
     import shlex
 
-    from iris_rag.errors import InvalidParametersError
     from iris_rag.evaluation import harness, techniques
     from iris_rag.evaluation.beir import load_beir
     from iris_rag.evaluation.collection import collection_name
@@ -331,6 +330,33 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--collection", default=None, help="collection to use (default eval-<folder>)")
     evaluate.set_defaults(handler=cmd_eval)
 
+    migrate = commands.add_parser(
+        "migrate",
+        help="copy collections to another store: vectors and technique rows as stored, nothing re-embedded",
+    )
+    migrate.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        help="sqlite:PATH (the file or its RAG_DATA_DIR folder), postgres:URL, or iris: (IRIS_* variables)",
+    )
+    migrate.add_argument("--to", dest="target", required=True, help="the target store, in the same forms")
+    migrate.add_argument(
+        "--collection", action="append", default=None, help="copy only this collection (repeatable)"
+    )
+    migrate.add_argument(
+        "--skip-technique",
+        action="append",
+        default=[],
+        metavar="TECHNIQUE",
+        help="leave this technique's rows behind (colbert, noderag, graphrag, sqlrag); reindex it later",
+    )
+    migrate.add_argument(
+        "--replace",
+        action="store_true",
+        help="overwrite collections the target already holds (refused otherwise)",
+    )
+
     mcp = commands.add_parser(
         "mcp", help="serve MCP (Node 20+ runs the bundled front end; this Python runs the worker)"
     )
@@ -341,6 +367,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="stdio (default) or Streamable HTTP (MCP_SERVER_HOST, MCP_SERVER_PORT); sets MCP_TRANSPORT",
     )
     return parser
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Copy collections between stores, each all-or-nothing; a JSON summary line per collection on stdout."""
+    from iris_rag.migration import StoreSpec, migrate, opened
+
+    settings = Settings()
+    source, target = StoreSpec.parse(args.source), StoreSpec.parse(args.target)
+    if source == target:
+        msg = f"--from and --to are the same store ({source.describe()})"
+        raise InvalidParametersError(msg)
+    with (
+        opened(source, settings, must_exist=True) as source_store,
+        opened(target, settings, must_exist=False) as target_store,
+        tqdm(desc="migrate", unit="doc", file=sys.stderr, dynamic_ncols=True) as bar,
+    ):
+        copies = migrate(
+            source_store,
+            target_store,
+            args.collection,
+            replace=args.replace,
+            skip=frozenset(t.strip() for item in args.skip_technique for t in item.split(",") if t.strip()),
+            progress=lambda _collection, documents: bar.update(documents),
+        )
+    for copy in copies:
+        print(orjson.dumps(copy.to_dict()).decode())
+    return 0
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -365,6 +418,16 @@ def main(argv: list[str] | None = None) -> int:
         # The worker builds its own settings and store; this process only becomes the front end.
         return cmd_mcp(args)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.command == "migrate":
+        # Two stores and no model: nothing is embedded, so no service.
+        try:
+            return cmd_migrate(args)
+        except RagError as exc:
+            print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+            return 2
+        except ConnectionError as exc:  # a store server that is not there (its message names it, no secret)
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     limit_blas_threads()
     settings = Settings()
     # Only commands that embed need the model loaded; `health --quick` must stay light.

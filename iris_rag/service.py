@@ -452,8 +452,10 @@ class RagService:
         """rag_health_check: each component checked now, worst status wins."""
         arguments = validate_arguments("rag_health_check", params)
         details = bool(arguments.get("include_details", False))
+        # The seed names the store's component iris_database when IRIS is the store.
+        database = "iris_database" if self.store.backend_name == "iris" else "database"
         components = {
-            "database": _check(self._check_database, details),
+            database: _check(self._check_database, details),
             "python_bridge": _check(self._check_worker, details),
             "embedding_service": _check(self._check_embedder, details),
             "llm_service": _check(self._check_llm, details),

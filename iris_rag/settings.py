@@ -33,9 +33,16 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     # Store
-    store: Literal["sqlite", "postgres"] = Field("sqlite", validation_alias="RAG_STORE")
+    store: Literal["sqlite", "postgres", "iris"] = Field("sqlite", validation_alias="RAG_STORE")
     # A secret: its password never reaches a log or a reply (llm_secrets carries it to redaction).
     postgres_url: SecretStr | None = Field(None, validation_alias="RAG_POSTGRES_URL")
+    # RAG_STORE=iris: InterSystems IRIS through intersystems-irispython (the iris extra).
+    iris_host: str | None = Field(None, validation_alias="IRIS_HOST")
+    iris_port: int = Field(1972, ge=1, le=65535, validation_alias="IRIS_PORT")
+    iris_namespace: str = Field("USER", min_length=1, validation_alias="IRIS_NAMESPACE")
+    iris_username: str = Field("_SYSTEM", validation_alias="IRIS_USERNAME")
+    iris_password: SecretStr | None = Field(None, validation_alias="IRIS_PASSWORD")
+    iris_connect_timeout_s: float = Field(10.0, gt=0, le=300, validation_alias="IRIS_CONNECT_TIMEOUT_S")
     data_dir: Path = Field(default_factory=default_data_dir, validation_alias="RAG_DATA_DIR")
     default_collection: str = Field("default", validation_alias="RAG_DEFAULT_COLLECTION")
 
@@ -107,6 +114,11 @@ class Settings(BaseSettings):
         if self.store == "postgres" and not (self.postgres_url and self.postgres_url.get_secret_value()):
             msg = "RAG_STORE=postgres needs RAG_POSTGRES_URL (postgresql://user:password@host:5432/database)"
             raise ValueError(msg)
+        if self.store == "iris" and not (self.iris_host and self.iris_host.strip()):
+            msg = (
+                "RAG_STORE=iris needs IRIS_HOST (and IRIS_PORT, IRIS_NAMESPACE, IRIS_USERNAME, IRIS_PASSWORD)"
+            )
+            raise ValueError(msg)
         return self
 
     @model_validator(mode="after")
@@ -144,7 +156,7 @@ class Settings(BaseSettings):
 
     @property
     def llm_secrets(self) -> list[str]:
-        """Credentials to redact: the LLM's and embedding API's keys, and those in their URLs and the DB's."""
+        """Credentials to redact: the LLM's and embedding API's keys and URLs', the database passwords."""
         keys = (self.llm_api_key, self.embedding_api_key)
         secrets = [key.get_secret_value() for key in keys if key]
         for url in (self.llm_base_url, self.embedding_base_url):
@@ -161,6 +173,8 @@ class Settings(BaseSettings):
         if self.postgres_url:
             password = urlsplit(self.postgres_url.get_secret_value()).password
             secrets += [password] if password else []
+        if self.iris_password and self.iris_password.get_secret_value():
+            secrets.append(self.iris_password.get_secret_value())
         return secrets
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,15 +112,46 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+IRIS_SKIP_REASON = "IRIS_HOST not set: no InterSystems IRIS server to run against (see README, Stores)"
+
+
+def iris_env() -> dict[str, str]:
+    """RAG_STORE=iris with the IRIS_* variables of this environment; skips the test when IRIS_HOST is unset.
+
+    No IRIS server runs on the project's machines: these runs happen where one does (docker-compose.iris.yml).
+    """
+    if not os.environ.get("IRIS_HOST", "").strip():
+        pytest.skip(IRIS_SKIP_REASON)
+    names = ("IRIS_HOST", "IRIS_PORT", "IRIS_NAMESPACE", "IRIS_USERNAME", "IRIS_PASSWORD")
+    return {"RAG_STORE": "iris", **{name: os.environ[name] for name in names if name in os.environ}}
+
+
 def _backend_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
     """Settings for the backend the fixture is parametrized with (postgres: a fresh database)."""
     settings: dict[str, Any] = {"RAG_DATA_DIR": tmp_path, "RAG_STORE": request.param}
     if request.param == "postgres":
         settings["RAG_POSTGRES_URL"] = request.getfixturevalue("postgres_url")
+    if request.param == "iris":
+        settings |= iris_env()
+        made = Settings(**settings)
+        _empty_iris(made)
+        return made
     return Settings(**settings)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+def _empty_iris(settings: Settings) -> None:
+    """A live IRIS keeps its rows between tests: delete every collection first."""
+    from iris_rag.backends import create_store
+
+    store = create_store(settings)
+    try:
+        for collection in store.list_collections():
+            store.delete_collection(collection.id)
+    finally:
+        store.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres", "iris"])
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A fresh store of each backend (postgres: a fresh database on the session's server)."""
     from iris_rag.backends import create_store

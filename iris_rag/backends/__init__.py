@@ -15,10 +15,26 @@ CONNECT_TIMEOUT_S = 10
 
 
 def create_store(settings: Settings) -> DocumentStore:
-    """The store RAG_STORE names: the embedded SQLite file, or PostgreSQL at RAG_POSTGRES_URL.
+    """The store RAG_STORE names: the embedded SQLite file, PostgreSQL at RAG_POSTGRES_URL, or IRIS (IRIS_*).
 
     An unreachable PostgreSQL server is DATABASE_CONNECTION_FAILED at once, not after the pool's wait.
     """
+    if settings.store == "iris":
+        # Imported here: the IRIS driver is an optional dependency (the iris extra).
+        from iris_rag.backends.iris.store import IrisStore, IrisTarget
+
+        assert settings.iris_host is not None  # Settings refuses RAG_STORE=iris without IRIS_HOST
+        password = settings.iris_password.get_secret_value() if settings.iris_password else ""
+        return IrisStore(
+            IrisTarget(
+                settings.iris_host,
+                settings.iris_port,
+                settings.iris_namespace,
+                settings.iris_username,
+                password,
+                settings.iris_connect_timeout_s,
+            )
+        )
     if settings.store == "postgres":
         # Imported here: psycopg is an optional dependency (the postgres extra).
         import psycopg

@@ -1,4 +1,4 @@
-"""The store contract every backend implements (iris_rag/backends/: SQLite now, PostgreSQL and IRIS next).
+"""The store contract every backend implements (iris_rag/backends/: SQLite, PostgreSQL and IRIS).
 
 No driver type appears here: a backend keeps its connections to itself, compiles keyword queries and
 metadata filters to its own dialect, and stores each technique's rows through the storage contract the
@@ -259,6 +259,9 @@ class DenseSearch(Protocol):
         self, collection_id: str, query_vector: npt.NDArray[np.float32], chunk_ids: list[str]
     ) -> dict[str, float]:
         """Exact cosine similarity of the given chunks."""
+
+    def chunk_vectors(self, collection_id: str, chunk_ids: list[str]) -> dict[str, npt.NDArray[np.float32]]:
+        """The stored vectors of the given chunks, verbatim (unknown ids are left out; `iris-rag migrate`)."""
 
 
 class KeywordSearch(Protocol):

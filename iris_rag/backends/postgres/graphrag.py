@@ -16,9 +16,11 @@ from psycopg.rows import tuple_row
 
 from iris_rag.backends.postgres.store import PostgresStore
 from iris_rag.techniques.graphrag.storage import (
+    AliasRow,
     EntityKey,
     EntityRow,
     EvidenceRow,
+    GraphDocument,
     GraphRecord,
     GraphWrite,
     MentionRow,
@@ -264,6 +266,24 @@ class PostgresKnowledgeGraph:
             "SELECT DISTINCT alias, entity_id FROM kg_aliases WHERE collection_id = %s", (collection_id,)
         )
         return [(row[0], int(row[1])) for row in rows]
+
+    def alias_rows(self, collection_id: str) -> list[AliasRow]:
+        """Every alias row of the collection as written."""
+        rows = self._rows(
+            "SELECT alias, entity_id, document_id, surface FROM kg_aliases WHERE collection_id = %s "
+            "ORDER BY entity_id, alias, document_id, surface",
+            (collection_id,),
+        )
+        return [AliasRow(row[0], int(row[1]), row[2], row[3]) for row in rows]
+
+    def graph_documents(self, collection_id: str) -> list[GraphDocument]:
+        """Every document the graph covers, by document id."""
+        rows = self._rows(
+            "SELECT document_id, extractor, entities, relations, note FROM kg_documents "
+            "WHERE collection_id = %s ORDER BY document_id",
+            (collection_id,),
+        )
+        return [GraphDocument(row[0], row[1], int(row[2]), int(row[3]), row[4]) for row in rows]
 
     def relation_ends(self, collection_id: str) -> list[tuple[int, int]]:
         """(source id, target id) of every relation."""

@@ -18,8 +18,8 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
 from iris_rag.backends.postgres.filters import to_sql
-from iris_rag.backends.postgres.keyword import Postings, Totals, bm25_scores, query_stems, term_frequencies
 from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
 from iris_rag.redaction import redact
@@ -536,6 +536,20 @@ class PostgresStore:
         )
         scores = {row["chunk_id"]: float(row["score"]) for row in rows}
         return {c: scores[c] for c in chunk_ids if c in scores}
+
+    def chunk_vectors(self, collection_id: str, chunk_ids: list[str]) -> dict[str, npt.NDArray[np.float32]]:
+        """The stored vectors of the given chunks (unknown ids are left out)."""
+        if not chunk_ids:
+            return {}
+        rows = (
+            self.connection()
+            .execute(
+                "SELECT chunk_id, embedding FROM chunks WHERE collection_id = %s AND chunk_id = ANY(%s)",
+                (collection_id, chunk_ids),
+            )
+            .fetchall()
+        )
+        return {row["chunk_id"]: np.asarray(row["embedding"].to_numpy(), dtype=np.float32) for row in rows}
 
     def keyword_search(
         self,

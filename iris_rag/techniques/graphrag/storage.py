@@ -199,6 +199,12 @@ class KnowledgeGraphStorage(Protocol):
     def entity_aliases(self, collection_id: str) -> list[tuple[str, int]]:
         """Every distinct (alias, entity id) of the collection."""
 
+    def alias_rows(self, collection_id: str) -> list[AliasRow]:
+        """Every alias row of the collection as written (`iris-rag migrate` copies them)."""
+
+    def graph_documents(self, collection_id: str) -> list[GraphDocument]:
+        """Every document the graph covers, by document id (`iris-rag migrate` copies them)."""
+
     def relation_ends(self, collection_id: str) -> list[tuple[int, int]]:
         """(source id, target id) of every relation."""
 

@@ -1,4 +1,4 @@
-"""One store per test for every backend: each contract test runs once per backend (-k sqlite, -k postgres).
+"""One store per test for every backend: each contract test runs once per backend (-k sqlite/postgres/iris).
 
 Every store is built the way the service builds it, by iris_rag.backends.create_store from Settings, so
 the suite exercises exactly what RAG_STORE selects. Tests use only the DocumentStore protocol (no SQL, no
@@ -17,6 +17,7 @@ import pytest
 from iris_rag.backends import create_store
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentStore
+from tests.conftest import iris_env
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,7 @@ class Backend:
         return Settings(**{**self.env, **overrides})
 
 
-BACKENDS = ["sqlite", "postgres"]
+BACKENDS = ["sqlite", "postgres", "iris"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -46,6 +47,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
         # SQLite searches exactly, whatever the size.
         return Backend("sqlite", {"RAG_DATA_DIR": data_dir}, ann_rows=2_000, min_recall=1.0)
+    if request.param == "iris":
+        env = {"RAG_DATA_DIR": data_dir, **iris_env()}
+        return Backend("iris", env, ann_rows=5_000, min_recall=0.95)  # past EXACT_SEARCH_MAX_CHUNKS: HNSW
     url: str = request.getfixturevalue("postgres_url")
     env = {"RAG_DATA_DIR": data_dir, "RAG_STORE": "postgres", "RAG_POSTGRES_URL": url}
     return Backend("postgres", env, ann_rows=5_000, min_recall=0.95)  # past EXACT_SEARCH_MAX_CHUNKS: HNSW
@@ -58,6 +62,10 @@ def make_store(backend: Backend) -> Iterator[Callable[[], DocumentStore]]:
 
     def open_store() -> DocumentStore:
         store = create_store(backend.settings())
+        if backend.name == "iris" and not opened:
+            # A live server keeps its rows between tests: each test starts on an empty store.
+            for collection in store.list_collections():
+                store.delete_collection(collection.id)
         opened.append(store)
         return store
 

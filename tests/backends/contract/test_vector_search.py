@@ -68,3 +68,17 @@ def test_ann_recall(store: DocumentStore, backend: Backend) -> None:
         found += len(expected & {h.chunk_id for h in store.vector_search("c", query, TOP_K)})
     recall = found / (TOP_K * len(queries))
     assert recall >= backend.min_recall, f"recall@{TOP_K} {recall:.3f} on {backend.ann_rows} rows"
+
+
+def test_stored_vectors_read_back_bit_for_bit(store: DocumentStore) -> None:
+    """chunk_vectors (what `iris-rag migrate` copies) gives each chunk's vector exactly as written."""
+    matrix = unit_rows(30, 24, seed=9)
+    chunk_ids = load(store, matrix, batch=7)
+    store.delete_document("c", "d3")
+    asked = [chunk_ids[12], "nope#0", chunk_ids[3], chunk_ids[0]]
+    vectors = store.chunk_vectors("c", asked)
+    assert list(vectors) in ([chunk_ids[12], chunk_ids[0]], [chunk_ids[0], chunk_ids[12]])
+    for row in (0, 12):
+        assert vectors[chunk_ids[row]].dtype == np.float32
+        assert vectors[chunk_ids[row]].tobytes() == matrix[row].astype(np.float32).tobytes()
+    assert store.chunk_vectors("c", []) == {} and store.chunk_vectors("missing", chunk_ids[:2]) == {}

@@ -12,7 +12,7 @@ import numpy.typing as npt
 import psycopg
 import pytest
 
-from iris_rag.backends.postgres.keyword import tokens
+from iris_rag.backends.common.bm25 import tokens
 from iris_rag.backends.postgres.migrations import MIGRATIONS, migrate
 from iris_rag.backends.postgres.store import PostgresStore
 from iris_rag.backends.sqlite.store import SqliteStore

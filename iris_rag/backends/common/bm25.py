@@ -1,8 +1,8 @@
-"""Terms exactly as SQLite FTS5's `porter unicode61` tokenizer indexes them, and BM25's constants.
+"""Terms exactly as SQLite FTS5's `porter unicode61` tokenizer indexes them, and BM25 from postings.
 
-The Postgres keyword index stores these terms per chunk, so its BM25 (computed in SQL from the
-collection's own counts) matches the SQLite store's FTS5 bm25 (k1 1.2, b 0.75). The tokenizer is FTS5's
-own, run on an in-memory SQLite table: a re-implementation (unicode61 rules, snowballstemmer's porter)
+The Postgres and IRIS keyword indexes store these terms per chunk, so their BM25 (computed here in NumPy
+from the collection's own counts) matches the SQLite store's FTS5 bm25 (k1 1.2, b 0.75). The tokenizer is
+FTS5's own, run on an in-memory SQLite table: a re-implementation (unicode61 rules, snowballstemmer's porter)
 differed on about 0.4% of SciFact's words (FTS5's porter maps 'logi' -> 'log' and 'bli' -> 'ble'; unicode61
 folds the micro sign to Greek mu).
 """

@@ -1,0 +1,68 @@
+"""Metadata filters evaluated in Python on the decoded metadata, with the PostgreSQL backend's semantics.
+
+IRIS keeps a document's metadata as JSON text; testing it here keeps every filter the same on all three
+backends without IRIS-specific JSON SQL: eq is JSON equality (2020 matches 2020 and 2020.0, true only true,
+"2020" only the string), in is any of them, and a range compares strings (ISO dates) as text and numbers as
+numbers, each only against values of its own kind.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from iris_rag.stores.filters import Condition, MetadataFilter
+
+_MISSING = object()
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "gt": operator.gt,
+    "gte": operator.ge,
+    "lt": operator.lt,
+    "lte": operator.le,
+}
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    return "array" if isinstance(value, list | tuple) else "object"
+
+
+def json_equal(left: Any, right: Any) -> bool:
+    """Equality of two JSON values as PostgreSQL's jsonb compares them."""
+    kind = _kind(left)
+    if kind != _kind(right):
+        return False
+    if kind in ("array",):
+        return len(left) == len(right) and all(json_equal(a, b) for a, b in zip(left, right, strict=True))
+    if kind == "object":
+        return left.keys() == right.keys() and all(json_equal(left[k], right[k]) for k in left)
+    return bool(left == right)
+
+
+def _holds(metadata: dict[str, Any], condition: Condition) -> bool:
+    value = metadata.get(condition.field, _MISSING)
+    if value is _MISSING:
+        return False
+    if condition.operator == "eq":
+        return json_equal(value, condition.value)
+    if condition.operator == "in":
+        return any(json_equal(value, wanted) for wanted in condition.value)
+    compare = _COMPARE[condition.operator]
+    if isinstance(condition.value, str):
+        return isinstance(value, str) and compare(value, condition.value)
+    return _kind(value) == "number" and compare(float(value), float(condition.value))
+
+
+def matches(metadata: dict[str, Any], metadata_filter: MetadataFilter | None) -> bool:
+    """Whether a document's metadata passes every condition (no filter: always)."""
+    if metadata_filter is None:
+        return True
+    return all(_holds(metadata, condition) for condition in metadata_filter.conditions)
