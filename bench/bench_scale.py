@@ -299,6 +299,47 @@ def after_ingest(service: RagService, queries: list[str], collection: str) -> di
     return figures
 
 
+def reload_cost(chunks: int, rounds: int = 8) -> dict[str, Any]:
+    """The first vector search after another process's one-document write: updated vs reloaded whole.
+
+    Two stores on the built SQLite file (a writer and a warm reader). In alternate rounds the reader
+    either updates its matrix (this code) or first drops it, which is what every write made it do before
+    (a whole reload). The query vector is fixed: only the store's work is timed.
+    """
+    from iris_rag.backends.sqlite.store import SqliteStore
+
+    collection = collection_name(chunks)
+    path = DATA / "sqlite" / "iris_rag.sqlite3"
+    reader, writer = SqliteStore(path), SqliteStore(path)
+    corpus = read_jsonl(SCIFACT / "corpus.jsonl")
+    base: npt.NDArray[np.float32] = np.load(DATA / "base_vectors.npy")
+    query = base[0]
+    samples: dict[str, list[float]] = {"updated": [], "reloaded_whole": []}
+    try:
+        reader.vector_search(collection, query, 100)
+        documents = next(synthetic_documents(corpus, base, 2 * rounds * CHUNKS_PER_DOCUMENT))[0]
+        for number, document in enumerate(documents[: 2 * rounds]):
+            fresh = DocumentInput(f"reload{number}", document.title, document.content, {}, document.chunks)
+            writer.upsert_documents(collection, [fresh])
+            mode = "updated" if number % 2 == 0 else "reloaded_whole"
+            if mode == "reloaded_whole":
+                reader._invalidate(collection)  # what every write did before
+            start = time.perf_counter()
+            reader.vector_search(collection, query, 100)
+            samples[mode].append((time.perf_counter() - start) * 1000)
+        for number in range(2 * rounds):
+            writer.delete_document(collection, f"reload{number}")
+    finally:
+        reader.close()
+        writer.close()
+    return {
+        "first_vector_search_after_a_write_ms": {mode: percentiles(v) for mode, v in samples.items()},
+        "ratio_of_medians": round(
+            float(np.median(samples["reloaded_whole"]) / np.median(samples["updated"])), 1
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -309,6 +350,11 @@ def main() -> None:
     parser.add_argument("--postgres-url", default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--phase", choices=("all", "query"), default="all", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--reload-cost",
+        action="store_true",
+        help="SQLite only: an update against a whole reload, alternating",
+    )
     parser.add_argument("--backend", default="sqlite", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "query":  # the child process: print the query figures as JSON
@@ -316,6 +362,9 @@ def main() -> None:
         print(json.dumps(figures))
         return
     limit_blas_threads()
+    if args.reload_cost:
+        write(args.out, {"machine": machine(), "chunks": args.chunks, **reload_cost(args.chunks)})
+        return
     result: dict[str, Any] = {"machine": machine(), "chunks": args.chunks, "backends": {}}
     for backend in args.backends.split(","):
         postgres_url = (args.postgres_url or local_postgres()) if backend == "postgres" else None
