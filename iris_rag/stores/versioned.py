@@ -5,6 +5,10 @@ vocabularies, ColBERT IDF). They all follow one rule: a value is built for the c
 (DocumentStore.data_version, bumped by the database in every transaction that changes the collection's
 documents, whichever process commits it) and rebuilt on the first call that reads a newer version. The
 version is read BEFORE the build, so a value holds that version's data or newer, never older.
+
+A cache may also bring a held value up to date instead of building it again (`update`, the SQLite vector
+matrix: only the documents written since the held version are read). The same rule holds: the update reads
+what changed after the held version, so the value it returns holds the asked version's data or newer.
 """
 
 from __future__ import annotations
@@ -34,8 +38,18 @@ class VersionedCache(Generic[T]):
         # An entry built for a newer version than asked holds newer data still: as good.
         return entry[1] if entry is not None and entry[0] >= version else None
 
-    def get(self, collection_id: str, version: int, build: Callable[[], T]) -> T:
-        """The value for this version (or newer), built by `build` if there is none yet."""
+    def get(
+        self,
+        collection_id: str,
+        version: int,
+        build: Callable[[], T],
+        update: Callable[[int, T], T | None] | None = None,
+    ) -> T:
+        """The value for this version (or newer), built by `build` if there is none yet.
+
+        `update(held_version, held_value)`: the held value of an older version brought up to this one, or
+        None when it cannot be (then `build` runs). Either runs under the collection's build lock.
+        """
         value = self._fresh(collection_id, version)
         if value is not None:
             return value
@@ -45,12 +59,18 @@ class VersionedCache(Generic[T]):
             value = self._fresh(collection_id, version)
             if value is not None:
                 return value
-            value = build()
+            held = self._held(collection_id) if update is not None else None
+            updated = update(*held) if update is not None and held is not None else None
+            value = build() if updated is None else updated
             with self._guard:
                 current = self._entries.get(collection_id)
                 if current is None or current[0] <= version:
                     self._entries[collection_id] = (version, value)
             return value
+
+    def _held(self, collection_id: str) -> tuple[int, T] | None:
+        with self._guard:
+            return self._entries.get(collection_id)
 
     def discard(self, collection_id: str) -> None:
         """Forget the collection's value (the next get builds it again)."""

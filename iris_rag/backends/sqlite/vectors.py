@@ -1,0 +1,192 @@
+"""A collection's vectors in memory: one matrix searched exactly, kept up to date document by document.
+
+A write replaces or deletes a few documents; reloading every row of a 100K-chunk collection for it took
+seconds. Instead a new version of the matrix marks the documents' old rows dead and appends their new rows
+at the end, into room the matrix keeps for that. Versions share one buffer: a version reads only the rows
+below its `size`, and no row below a version's size is ever written again, so a search still running on an
+older version reads what it always read. When the room runs out, or dead rows pile up, the next version
+copies the live rows into a new buffer (compaction, in memory: nothing is read from the database).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+# Room past the last row: an eighth of the rows, at least this many (a one-document ingest appends in place).
+MIN_SPARE_ROWS = 64
+# Dead rows that make the next version compact: more than this many and more than a quarter of the rows.
+MIN_DEAD_TO_COMPACT = 1024
+
+
+def _capacity(rows: int) -> int:
+    return rows + max(MIN_SPARE_ROWS, rows // 8)
+
+
+class _Buffer:
+    """Rows of vectors with room to grow. Rows below `filled` are never written again."""
+
+    def __init__(self, capacity: int, dimension: int) -> None:
+        self.array: npt.NDArray[np.float32] = np.empty((capacity, dimension), dtype=np.float32)
+        self.filled = 0
+
+
+# One batch of rows as read from the database: chunk ids, their document ids, their vectors (float32 bytes).
+Batch = tuple[list[str], list[str], list[bytes]]
+
+
+@dataclass(frozen=True)
+class VectorMatrix:
+    """One version of a collection's vectors: rows [0, size) of a buffer, the `dead` ones left out."""
+
+    buffer: _Buffer
+    size: int
+    chunk_ids: list[str]  # by row, dead rows included
+    document_ids: list[str]  # by row, dead rows included
+    row_of: dict[str, int]  # live rows only
+    rows_of_document: dict[str, list[int]]  # live rows only
+    dead: npt.NDArray[np.intp]
+
+    @classmethod
+    def load(cls, batches: Iterable[Batch], expected_rows: int) -> VectorMatrix:
+        """A matrix of every row read, in order, with room for `expected_rows` and some spare."""
+        buffer: _Buffer | None = None
+        chunk_ids: list[str] = []
+        document_ids: list[str] = []
+        for batch_chunks, batch_documents, blobs in batches:
+            if not blobs:
+                continue
+            vectors = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
+            if buffer is None:
+                buffer = _Buffer(_capacity(max(expected_rows, len(blobs))), vectors.shape[1])
+            elif buffer.filled + len(blobs) > buffer.array.shape[0]:  # more rows than counted: grow
+                grown = _Buffer(_capacity(buffer.filled + len(blobs)), buffer.array.shape[1])
+                grown.array[: buffer.filled] = buffer.array[: buffer.filled]
+                grown.filled, buffer = buffer.filled, grown
+            buffer.array[buffer.filled : buffer.filled + len(blobs)] = vectors
+            buffer.filled += len(blobs)
+            chunk_ids.extend(batch_chunks)
+            document_ids.extend(batch_documents)
+        if buffer is None:
+            buffer = _Buffer(0, 0)
+        return cls._indexed(buffer, chunk_ids, document_ids)
+
+    @classmethod
+    def _indexed(cls, buffer: _Buffer, chunk_ids: list[str], document_ids: list[str]) -> VectorMatrix:
+        """Every row of the buffer live, with its lookups built."""
+        rows_of_document: dict[str, list[int]] = {}
+        for row, document_id in enumerate(document_ids):
+            rows_of_document.setdefault(document_id, []).append(row)
+        row_of = {chunk_id: row for row, chunk_id in enumerate(chunk_ids)}
+        return cls(buffer, buffer.filled, chunk_ids, document_ids, row_of, rows_of_document, _NO_ROWS)
+
+    @property
+    def live_count(self) -> int:
+        """How many chunks a search considers."""
+        return len(self.row_of)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory of the buffer (shared with the versions before this one)."""
+        return int(self.buffer.array.nbytes)
+
+    def scores(self, query_vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The dot product of every row with the query; -inf for dead rows."""
+        scores = self.buffer.array[: self.size] @ query_vector.astype(np.float32)
+        if self.dead.size:
+            scores[self.dead] = -np.inf
+        return scores
+
+    def row_scores(self, rows: list[int], query_vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The dot product of the given (live) rows with the query."""
+        return self.buffer.array[rows] @ query_vector.astype(np.float32)
+
+    def replaced(self, documents: set[str], batches: Iterable[Batch]) -> VectorMatrix:
+        """A new version: the documents' rows dead, the rows read for them now appended.
+
+        A document written since is replaced, one deleted since just loses its rows (nothing is read for
+        it). This version is left as it was.
+        """
+        chunk_ids: list[str] = []
+        document_ids: list[str] = []
+        blobs: list[bytes] = []
+        for batch_chunks, batch_documents, batch_blobs in batches:
+            chunk_ids.extend(batch_chunks)
+            document_ids.extend(batch_documents)
+            blobs.extend(batch_blobs)
+        width = self.buffer.array.shape[1]
+        vectors = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1 if blobs else width)
+        dying = [row for document_id in documents for row in self.rows_of_document.get(document_id, ())]
+        added = len(chunk_ids)
+        fits = (
+            self.buffer.filled == self.size
+            and self.size + added <= self.buffer.array.shape[0]
+            and (added == 0 or self.buffer.array.shape[1] == vectors.shape[1])
+        )
+        dead_after = self.dead.size + len(dying)
+        if not fits or dead_after > max(MIN_DEAD_TO_COMPACT, self.size // 4):
+            return self._compacted(set(dying), added, vectors.shape[1] if added else None)._appended(
+                chunk_ids, document_ids, vectors, own_lookups=True
+            )
+        row_of = dict(self.row_of)
+        rows_of_document = dict(self.rows_of_document)
+        for row in dying:
+            del row_of[self.chunk_ids[row]]
+        for document_id in documents:
+            rows_of_document.pop(document_id, None)
+        dead = np.concatenate([self.dead, np.array(dying, dtype=np.intp)]) if dying else self.dead
+        kept = VectorMatrix(
+            self.buffer, self.size, self.chunk_ids, self.document_ids, row_of, rows_of_document, dead
+        )
+        return kept._appended(chunk_ids, document_ids, vectors, own_lookups=True)
+
+    def _appended(
+        self,
+        chunk_ids: list[str],
+        document_ids: list[str],
+        vectors: npt.NDArray[np.float32],
+        *,
+        own_lookups: bool,
+    ) -> VectorMatrix:
+        """These rows written past `size` (room checked by the caller); own_lookups: the dicts are private."""
+        if not chunk_ids:
+            return self
+        start, end = self.size, self.size + len(chunk_ids)
+        self.buffer.array[start:end] = vectors
+        self.buffer.filled = end
+        row_of = self.row_of if own_lookups else dict(self.row_of)
+        rows_of_document = self.rows_of_document if own_lookups else dict(self.rows_of_document)
+        for row, (chunk_id, document_id) in enumerate(zip(chunk_ids, document_ids, strict=True), start):
+            row_of[chunk_id] = row
+            rows_of_document.setdefault(document_id, []).append(row)
+        return VectorMatrix(
+            self.buffer,
+            end,
+            self.chunk_ids + chunk_ids,
+            self.document_ids + document_ids,
+            row_of,
+            rows_of_document,
+            self.dead,
+        )
+
+    def _compacted(self, dying: set[int], extra_rows: int, dimension: int | None) -> VectorMatrix:
+        """The live rows (less `dying`) copied, in order, into a new buffer with room for extra_rows more."""
+        keep = np.ones(self.size, dtype=bool)
+        if self.dead.size:
+            keep[self.dead] = False
+        if dying:
+            keep[list(dying)] = False
+        rows = np.flatnonzero(keep)
+        width = self.buffer.array.shape[1] if rows.size or dimension is None else dimension
+        buffer = _Buffer(_capacity(rows.size + extra_rows), width)
+        buffer.array[: rows.size] = self.buffer.array[rows]
+        buffer.filled = int(rows.size)
+        return VectorMatrix._indexed(
+            buffer, [self.chunk_ids[row] for row in rows], [self.document_ids[row] for row in rows]
+        )
+
+
+_NO_ROWS: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
