@@ -75,6 +75,8 @@ class RagService:
                 settings.embedding_model,
                 batch_size=settings.embedding_batch_size,
                 device=settings.embedding_device,
+                backend=settings.embedding_backend,
+                onnx_dir=settings.embedding_onnx_dir,
             )
             embedder.start_loading()
         self.embedder = embedder
@@ -474,6 +476,7 @@ class RagService:
             "model": embedder.model_name,
             "state": embedder.state,
             "load_time_s": embedder.load_time_s,
+            "backend": embedder.backend,  # onnx or torch (EMBEDDING_BACKEND), once loaded
         }
         if embedder.state == "failed":
             return "unhealthy", embedder.error, info

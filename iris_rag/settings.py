@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096, validation_alias="EMBEDDING_BATCH_SIZE")
     embedding_device: str = Field("cpu", validation_alias="EMBEDDING_DEVICE")
+    # auto: ONNX Runtime when the model was exported at install time (scripts/setup.sh), else torch.
+    embedding_backend: Literal["auto", "onnx", "torch"] = Field("auto", validation_alias="EMBEDDING_BACKEND")
+    embedding_onnx_dir: Path | None = Field(None, validation_alias="EMBEDDING_ONNX_DIR")
 
     # Chunking
     chunk_size: int = Field(1000, ge=100, le=20000, validation_alias="CHUNK_SIZE")
