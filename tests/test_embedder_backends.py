@@ -142,7 +142,9 @@ def test_onnx_refuses_a_device_other_than_the_cpu() -> None:
 
 
 def test_the_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings().embedding_backend == "auto"
+    assert (Settings().embedding_backend, Settings().embedding_onnx_dir) == ("auto", None)
+    monkeypatch.setenv("EMBEDDING_ONNX_DIR", "")  # as .env.template leaves it
+    assert Settings().embedding_onnx_dir is None
     monkeypatch.setenv("EMBEDDING_BACKEND", "torch")
     monkeypatch.setenv("EMBEDDING_ONNX_DIR", "/somewhere/onnx")
     settings = Settings()
