@@ -58,7 +58,7 @@ async def _call(session: ClientSession, name: str, arguments: dict[str, Any]) ->
 async def _ranking_and_backend(session: ClientSession) -> tuple[list[tuple[str, float]], str]:
     answer = await _call(session, "rag_basic", {"query": QUERY, "collection_id": "backends"})
     ranking = [(d["id"], float(d["similarity_score"])) for d in answer["retrieved_documents"]]
-    health = await _call(session, "rag_health_check", {})
+    health = await _call(session, "rag_health_check", {"include_details": True})
     return ranking, health["components"]["embedding_service"]["details"]["backend"]
 
 
