@@ -24,7 +24,6 @@ from typing import Any
 
 import orjson
 
-from bench.bench_latency import JsonLinesProcess, prepare
 from bench.common import ROOT, SAMPLE, machine, median, read_jsonl, write
 
 COLLECTION = "bench"
@@ -33,6 +32,8 @@ QUERY = "What is the role of insulin resistance in type 2 diabetes?"
 
 def first_answer_s(data_dir: Path, backend: str) -> float:
     """Spawn the MCP server, initialize, call rag_basic; seconds from spawn to the answer."""
+    from bench.bench_latency import JsonLinesProcess
+
     os.environ["EMBEDDING_BACKEND"] = backend  # JsonLinesProcess passes this process's environment on
     started = time.perf_counter()
     server = JsonLinesProcess(["node", str(ROOT / "mcp-server" / "dist" / "index.js")], data_dir)
@@ -95,6 +96,9 @@ def breakdown(backend: str) -> dict[str, float]:
         model: Any = SentenceTransformer(path, device="cpu")
         step("load_weights")
     else:
+        import onnxruntime  # noqa: F401
+        import tokenizers  # noqa: F401
+
         from iris_rag import onnx_model
 
         step("import_onnxruntime_tokenizers")
@@ -137,6 +141,8 @@ def main() -> None:
     if args.child_breakdown:
         print(json.dumps(breakdown(args.child_breakdown)))
         return
+    from bench.bench_latency import prepare  # not imported by the breakdown's child: it times imports
+
     backends = args.backends.split(",")
     prepare(args.data_dir, SAMPLE / "corpus.jsonl", COLLECTION)
     load_before = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy it was
