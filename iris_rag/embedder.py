@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag import progress
+from iris_rag import onnx_model, progress
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import ModelUnavailableError
 from iris_rag.settings import PACKAGED_MODEL_NAME
@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 Vectors = npt.NDArray[np.float32]
 LoadState = Literal["loading", "ready", "failed"]
+Backend = Literal["auto", "onnx", "torch"]
 _T = TypeVar("_T")
 _I = TypeVar("_I")
 
@@ -87,7 +88,8 @@ class EncodeQueue:
     def __init__(self, name: str) -> None:
         self._tasks: queue.PriorityQueue[tuple[int, int, Callable[[], None]]] = queue.PriorityQueue()
         self._order = itertools.count()  # ties broken by submission order; tasks are never compared
-        threading.Thread(target=self._run_forever, name=name, daemon=True).start()
+        self.thread = threading.Thread(target=self._run_forever, name=name, daemon=True)
+        self.thread.start()
 
     def submit(self, priority: Priority, function: Callable[..., _T], *args: Any) -> Future[_T]:
         """Queue function(*args); its result or exception comes back through the future."""
@@ -125,17 +127,48 @@ def resolve_model_path(model_name: str) -> str:
     return model_name
 
 
-class Embedder:
-    """Sentence-transformers encoder with unit-normalized float32 output."""
+def cpu_threads() -> int:
+    """Cores this process may run on (its affinity), as torch counts them for its default pool."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
-    def __init__(self, model_name: str, *, batch_size: int = 64, device: str = "cpu") -> None:
+
+class Embedder:
+    """Sentence-transformers encoder with unit-normalized float32 output.
+
+    Backends (EMBEDDING_BACKEND): `torch` runs the sentence-transformers model; `onnx` runs the dense
+    encodes (encode, encode_query, ingest) on ONNX Runtime from the export made at install time
+    (iris_rag/onnx_model.py), which loads without importing torch; `auto` (default) is onnx when that
+    export exists and the device is the CPU, else torch. Token-level work (run_with_model, map_bulk and
+    tokenizer: ColBERT, HyDE's truncation) always gets the sentence-transformers model; under onnx it is
+    loaded the first time such work asks for it.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        batch_size: int = 64,
+        device: str = "cpu",
+        backend: Backend = "auto",
+        onnx_dir: Path | None = None,
+    ) -> None:
         self.model_name = model_name
         self.batch_size = batch_size
         self.device = device
+        self.backend_setting: Backend = backend
+        self.onnx_dir = onnx_dir
+        self.backend: Literal["onnx", "torch"] | None = None  # the one serving dense encodes, once loaded
         self.state: LoadState = "loading"
         self.error: str | None = None
         self.load_time_s: float | None = None
-        self._model: Any = None
+        self._model: Any = None  # the sentence-transformers model (under onnx: loaded when first needed)
+        self._dense: Any = None  # what dense encodes run on: an OnnxModel, or the model itself
+        self._query_dense: Any = None  # its copy for the query thread
+        self._reduced_dense: Any = None  # onnx: a session leaving one core to queries (see _bulk_dense)
+        self._torch_lock = threading.Lock()
         self._dimension: int | None = None
         self._batch_threads = 0
         self._last_query = float("-inf")  # when a query's encode last ran (monotonic clock)
@@ -167,23 +200,22 @@ class Embedder:
             return
         started = time.perf_counter()
         try:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            from sentence_transformers import SentenceTransformer
-
-            model = SentenceTransformer(resolve_model_path(self.model_name), device=self.device)
-            dimension = model.get_embedding_dimension()
-            if dimension is None:
-                msg = f"{self.model_name} does not report an embedding dimension"
-                raise ModelUnavailableError(msg)
-            self._dimension = int(dimension)
-            import torch
-
-            self._batch_threads = torch.get_num_threads()
-            self._model = model
+            model_path = resolve_model_path(self.model_name)
+            onnx_path = self._onnx_export(model_path)
+            if onnx_path is not None:
+                self._batch_threads = cpu_threads()
+                self._dense = onnx_model.OnnxModel(model_path, onnx_path, threads=self._batch_threads)
+                self._dimension = self._dense.dimension
+                self.backend = "onnx"
+            else:
+                self._load_torch(model_path)
+                self._dense = self._model
+                self.backend = "torch"
             self.state = "ready"
             self.load_time_s = time.perf_counter() - started
-            logger.info("embedding model %s loaded in %.1fs", self.model_name, self.load_time_s)
+            logger.info(
+                "embedding model %s loaded in %.1fs (%s)", self.model_name, self.load_time_s, self.backend
+            )
         except Exception as exc:
             self.state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
@@ -192,7 +224,81 @@ class Embedder:
             self._ready.set()
         if self.state == "ready":
             # After ready, so the first answer does not wait for it; until then queries use the main copy.
-            self._query_model = copy.deepcopy(self._model)
+            if self.backend == "onnx":
+                self._query_dense = self._dense.copy(threads=QUERY_THREADS)
+            else:
+                self._query_model = copy.deepcopy(self._model)
+                self._query_dense = self._query_model
+
+    def _onnx_export(self, model_path: str) -> Path | None:
+        """The ONNX file to serve dense encodes from, or None for torch (see the class docstring)."""
+        if self.backend_setting == "torch":
+            return None
+        found = onnx_model.find_export(model_path, self.onnx_dir)
+        if self.backend_setting == "auto":
+            usable = found is not None and self.device == "cpu" and onnx_model.pooling_config(model_path)[1]
+            if found is None:
+                logger.info("no ONNX export of %s: using torch", self.model_name)
+            return found if usable else None
+        if self.device != "cpu":
+            msg = f"EMBEDDING_BACKEND=onnx runs on the CPU only, not EMBEDDING_DEVICE={self.device!r}"
+            raise ModelUnavailableError(msg)
+        if found is None:
+            msg = (
+                f"EMBEDDING_BACKEND=onnx but {self.model_name} has no ONNX export in "
+                f"{self.onnx_dir or onnx_model.default_export_root()}; run `python -m iris_rag.embedder "
+                "export-onnx` (scripts/setup.sh does) or set EMBEDDING_BACKEND=auto"
+            )
+            raise ModelUnavailableError(msg)
+        return found
+
+    def _load_torch(self, model_path: str) -> None:
+        """Load the sentence-transformers model (on the encode thread)."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(model_path, device=self.device)
+        dimension = model.get_embedding_dimension()
+        if dimension is None:
+            msg = f"{self.model_name} does not report an embedding dimension"
+            raise ModelUnavailableError(msg)
+        if self._dimension is not None and int(dimension) != self._dimension:
+            msg = f"{self.model_name}: the torch model gives {dimension} dimensions, ONNX {self._dimension}"
+            raise ModelUnavailableError(msg)
+        self._dimension = int(dimension)
+        import torch
+
+        self._batch_threads = torch.get_num_threads()
+        self._model = model
+
+    def _torch_model(self) -> Any:
+        """The sentence-transformers model, loading it first under the onnx backend (token-level work)."""
+        self.wait_ready()
+        if self._model is not None:
+            return self._model
+        if threading.current_thread() is self._encode_thread.thread:  # a task of its own would wait forever
+            self._load_torch(resolve_model_path(self.model_name))
+            return self._model
+        with self._torch_lock:
+            if self._model is None:
+                started = time.perf_counter()
+                loading = self._encode_thread.submit(
+                    Priority.URGENT, self._load_torch, resolve_model_path(self.model_name)
+                )
+                while True:
+                    try:
+                        loading.result(timeout=LOAD_HEARTBEAT_S)
+                        break
+                    except TimeoutError:
+                        check_cancelled()
+                        progress.advance("loading the torch model for token-level work")
+                    except Exception as exc:
+                        msg = f"embedding model {self.model_name} failed to load for token-level work: {exc}"
+                        raise ModelUnavailableError(msg) from exc
+                logger.info("torch model for token-level work loaded in %.1fs", time.perf_counter() - started)
+                self._query_model = copy.deepcopy(self._model)
+        return self._model
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the model is loaded; raise if loading failed.
@@ -225,8 +331,7 @@ class Embedder:
     @property
     def tokenizer(self) -> Any:
         """The model's tokenizer (for token-level techniques)."""
-        self.wait_ready()
-        return self._model.tokenizer
+        return self._torch_model().tokenizer
 
     def encode(
         self,
@@ -248,7 +353,7 @@ class Embedder:
             return self._encode_bulk(texts, batch_size)
 
         def run(model: Any) -> Any:
-            self._use_threads(single=len(texts) == 1)
+            self._use_threads(model, single=len(texts) == 1)
             return model.encode(
                 texts,
                 batch_size=batch_size or self.batch_size,
@@ -258,7 +363,7 @@ class Embedder:
             )
 
         # Query-time work (at most one slice of text): beside bulk work, not behind it.
-        vectors = self._submit_single(run).result()
+        vectors = self._submit_single(run, dense=True).result()
         result: Vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         return result
 
@@ -275,7 +380,7 @@ class Embedder:
                 show_progress_bar=False,
             )
 
-        slices = self.map_bulk(run, order, cost=lambda i: len(texts[i]))
+        slices = self._map_bulk(run, order, cost=lambda i: len(texts[i]), dense=True)
         vectors = np.concatenate(slices).astype(np.float32, copy=False)
         result: Vectors = np.empty_like(vectors)
         result[order] = vectors
@@ -289,12 +394,26 @@ class Embedder:
         A slice holds items up to `bulk_slice_chars` of `cost` (an item's characters), at least one. Each
         slice is queued only when the previous one is done, so a query's encode waits for at most one
         slice, and bulk callers take turns. Between slices (on the caller's thread) the request's
-        cancellation is checked and its progress advanced.
+        cancellation is checked and its progress advanced. The task gets the sentence-transformers model.
         """
+        return self._map_bulk(task, items, cost=cost, dense=False)
+
+    def _map_bulk(
+        self,
+        task: Callable[[Any, list[_I]], _T],
+        items: Sequence[_I],
+        *,
+        cost: Callable[[_I], int],
+        dense: bool,
+    ) -> list[_T]:
+        """map_bulk, with the dense encoder (`dense`) or the sentence-transformers model."""
         self.wait_ready()
+        model = None if dense else self._torch_model()
 
         def run(model: Any, part: list[_I]) -> _T:
-            self._use_threads(single=len(part) == 1, bulk=True)
+            if model is None:
+                model = self._bulk_dense(single=len(part) == 1)
+            self._use_threads(model, single=len(part) == 1, bulk=True)
             result = task(model, part)
             self.bulk_slices_run += 1
             release_freed_memory()
@@ -308,7 +427,7 @@ class Embedder:
             filled += cost(item)
             if filled >= self.bulk_slice_chars or position == len(items) - 1:
                 check_cancelled()
-                results.append(self._encode_thread.submit(Priority.BULK, run, self._model, part).result())
+                results.append(self._encode_thread.submit(Priority.BULK, run, model, part).result())
                 progress.advance(f"{position + 1}/{len(items)}")
                 part, filled = [], 0
         return results
@@ -329,22 +448,43 @@ class Embedder:
             if known is not None and not (known.done() and known.exception() is not None):
                 self._recent_queries.move_to_end(query)
                 return known
-            future = self._submit_single(self._encode_one, query)
+            future = self._submit_single(self._encode_one, query, dense=True)
             self._recent_queries[query] = future
             while len(self._recent_queries) > RECENT_QUERIES:
                 self._recent_queries.popitem(last=False)
         return future
 
-    def _submit_single(self, task: Callable[..., _T], *args: Any) -> Future[_T]:
+    def _submit_single(self, task: Callable[..., _T], *args: Any, dense: bool) -> Future[_T]:
         """Run task(model, *args), query-time work, beside bulk work rather than behind it.
 
         On the query thread with its own model copy once that exists, else on the encode thread, ahead of
-        bulk slices.
+        bulk slices. `dense`: the model is the dense encoder, else the sentence-transformers model.
         """
-        query_model = self._query_model
+        main = self._dense if dense else self._torch_model()
+        query_model = self._query_dense if dense else self._query_model
         if query_model is not None:
             return self._query_thread.submit(Priority.URGENT, task, query_model, *args)
-        return self._encode_thread.submit(Priority.URGENT, task, self._model, *args)
+        return self._encode_thread.submit(Priority.URGENT, task, main, *args)
+
+    def _bulk_dense(self, *, single: bool) -> Any:
+        """The dense encoder for a bulk slice: under onnx, one leaving a core to queries in their window.
+
+        An ONNX Runtime session's thread count is fixed when it is made (torch's is set per call, see
+        _use_threads), so the reduced count is a session of its own, made when first needed: on two
+        cores it is the query thread's one-thread session (a session may run on many threads at once).
+        """
+        if self.backend != "onnx" or single or time.monotonic() - self._last_query >= QUERY_WINDOW_S:
+            return self._dense
+        wanted = max(1, self._batch_threads - 1)
+        if wanted == self._batch_threads:
+            return self._dense
+        if self._reduced_dense is None:
+            query_dense = self._query_dense
+            if query_dense is not None and query_dense.threads == wanted:
+                self._reduced_dense = query_dense
+            else:
+                self._reduced_dense = self._dense.copy(threads=wanted)
+        return self._reduced_dense
 
     def run_with_model(self, task: Callable[[Any], _T], *, single: bool = False) -> Future[_T]:
         """Run a task with the loaded sentence-transformers model on the encode thread (token-level use).
@@ -354,12 +494,13 @@ class Embedder:
         self.wait_ready()
 
         def run(model: Any) -> _T:
-            self._use_threads(single=single)
+            self._use_threads(model, single=single)
             return task(model)
 
+        model = self._torch_model()
         if single:
-            return self._submit_single(run)
-        return self._encode_thread.submit(Priority.URGENT, run, self._model)
+            return self._submit_single(run, dense=False)
+        return self._encode_thread.submit(Priority.URGENT, run, model)
 
     def word_piece_counts(self, texts: list[str]) -> list[int]:
         """Word pieces per text, counted on the encode thread in one task.
@@ -370,11 +511,18 @@ class Embedder:
         """
         if not texts:
             return []
+        self.wait_ready()
+        if self.backend == "onnx":  # its own tokenizer, the same word pieces: no torch model needed
+            self._last_query = time.monotonic()
+            counts: list[int] = self._submit_single(
+                lambda model: model.word_piece_counts(texts), dense=True
+            ).result()
+            return counts
         return self.run_with_model(
             lambda model: [len(model.tokenizer.tokenize(text)) for text in texts], single=True
         ).result()
 
-    def _use_threads(self, *, single: bool, bulk: bool = False) -> None:
+    def _use_threads(self, model: Any, *, single: bool, bulk: bool = False) -> None:
         """One torch thread for one text, every core for a batch (called on the encode thread only).
 
         A query is too small to split: with two or more OpenMP threads it waits at every layer for the
@@ -384,12 +532,15 @@ class Embedder:
         (ingest) leaves one core free while queries are arriving: on every core it starves their search
         and SQL, which run on the request threads (rag_basic during an ingest on the 2-core VM: median
         4.9x idle with bulk on both cores, 2x with one; docs/benchmarks.md).
+        An ONNX model's sessions have their thread counts fixed (see _bulk_dense): torch is not touched.
         """
-        import torch
-
         now = time.monotonic()
         if single and not bulk:
             self._last_query = now
+        if isinstance(model, onnx_model.OnnxModel):
+            return
+        import torch
+
         if single:
             wanted = QUERY_THREADS
         elif bulk and now - self._last_query < QUERY_WINDOW_S:
@@ -400,10 +551,45 @@ class Embedder:
             torch.set_num_threads(wanted)
 
     def _encode_one(self, model: Any, query: str) -> npt.NDArray[np.float32]:
-        self._use_threads(single=True)
+        self._use_threads(model, single=True)
         vectors = model.encode(
             [query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
         vector: npt.NDArray[np.float32] = np.ascontiguousarray(vectors[0], dtype=np.float32)
         vector.flags.writeable = False  # shared by every caller of the same query (encode_query_async)
         return vector
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m iris_rag.embedder export-onnx`: export the model for the onnx backend (install time)."""
+    import argparse
+    import sys
+
+    from iris_rag.settings import Settings
+
+    parser = argparse.ArgumentParser(
+        prog="python -m iris_rag.embedder",
+        description="Export the embedding model (EMBEDDING_MODEL) to ONNX for EMBEDDING_BACKEND=auto|onnx, "
+        "into EMBEDDING_ONNX_DIR; from the local weights only, nothing is downloaded.",
+    )
+    parser.add_argument("command", choices=["export-onnx"])
+    parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    settings = Settings()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    model_path = resolve_model_path(settings.embedding_model)
+    if not onnx_model.pooling_config(model_path)[1]:
+        print(f"export-onnx: {settings.embedding_model} is not mean-pooled; it keeps torch", file=sys.stderr)
+        return
+    found = onnx_model.find_export(model_path, settings.embedding_onnx_dir)
+    if found is not None:
+        print(f"export-onnx: {settings.embedding_model} is already exported: {found}", file=sys.stderr)
+        return
+    started = time.perf_counter()
+    path = onnx_model.export(model_path, settings.embedding_onnx_dir)
+    print(f"export-onnx: wrote {path} in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

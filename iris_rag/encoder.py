@@ -93,6 +93,8 @@ def create_encoder(settings: Settings) -> TextEncoder:
             settings.embedding_model,
             batch_size=settings.embedding_batch_size,
             device=settings.embedding_device,
+            backend=settings.embedding_backend,
+            onnx_dir=settings.embedding_onnx_dir,
         )
     encoder.start_loading()
     return encoder

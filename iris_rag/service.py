@@ -507,6 +507,7 @@ class RagService:
             "model": embedder.model_name,
             "state": embedder.state,
             "load_time_s": embedder.load_time_s,
+            "backend": embedder.backend,  # onnx or torch (EMBEDDING_BACKEND), once loaded
         }
         if embedder.state == "failed":
             return "unhealthy", embedder.error, info

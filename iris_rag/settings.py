@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     embedding_dimensions: int | None = Field(None, ge=1, le=16_384, validation_alias="EMBEDDING_DIMENSIONS")
     embedding_timeout_s: float = Field(30.0, gt=0, validation_alias="EMBEDDING_TIMEOUT_S")
     embedding_max_retries: int = Field(2, ge=0, le=10, validation_alias="EMBEDDING_MAX_RETRIES")
+    # auto: ONNX Runtime when the model was exported at install time (scripts/setup.sh), else torch.
+    embedding_backend: Literal["auto", "onnx", "torch"] = Field("auto", validation_alias="EMBEDDING_BACKEND")
+    embedding_onnx_dir_setting: str = Field("", validation_alias="EMBEDDING_ONNX_DIR")
 
     # Chunking
     chunk_size: int = Field(1000, ge=100, le=20000, validation_alias="CHUNK_SIZE")
@@ -147,6 +150,11 @@ class Settings(BaseSettings):
     def database_path(self) -> Path:
         """The embedded store's SQLite file."""
         return self.data_dir / "iris_rag.sqlite3"
+
+    @property
+    def embedding_onnx_dir(self) -> Path | None:
+        """EMBEDDING_ONNX_DIR, or None (empty: the default beside the installed packages)."""
+        return Path(self.embedding_onnx_dir_setting) if self.embedding_onnx_dir_setting.strip() else None
 
     @property
     def served_techniques(self) -> list[str] | None:
