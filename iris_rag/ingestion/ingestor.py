@@ -151,16 +151,16 @@ class Ingestor:
         shared = None
         if self._encoding_source and texts:
             progress.stage(f"encoding {len(texts)} chunks with token vectors")
-            spans = None
+            pooling = None
             if self._span_pooling is not None:
-                spans = [
+                pooling = [
                     chunk_spans
-                    for _, doc, chunks in accepted
+                    for _, doc, doc_chunks in accepted
                     for chunk_spans in self._span_pooling.pooling_spans(
-                        doc.title, doc.content, [(c.start, c.end) for c in chunks]
+                        doc.title, doc.content, [(c.start, c.end) for c in doc_chunks]
                     )
                 ]
-            shared = self._encoding_source.encode_chunks(texts, spans)
+            shared = self._encoding_source.encode_chunks(texts, pooling)
         progress.stage(f"embedding {len(texts)} chunks of {len(accepted)} documents")
         vectors, result.embeddings_reused = self._embed(texts, shared)
 
