@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.common import SAMPLE, machine, median, read_jsonl, write
 from iris_rag.embedder import Embedder
@@ -22,6 +24,7 @@ from iris_rag.ingestion.ingestor import Ingestor
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from iris_rag.stores.technique_index import ChunkEncodingSource
 from iris_rag.text import embedding_text
 
 BATCH = 256  # documents per ingest call, as `iris-rag ingest` does
@@ -50,6 +53,7 @@ def main() -> None:
     embedder.encode(texts[:64])  # warm-up
 
     raw_rates, ingest_rates = [], []
+    stages: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         started = time.perf_counter()
         embedder.encode(texts)
@@ -59,6 +63,7 @@ def main() -> None:
             run_settings = Settings(RAG_DATA_DIR=Path(folder), RAG_TECHNIQUES=args.techniques)
             service = RagService(run_settings, embedder=embedder)
             ingestor: Ingestor = service.ingestor
+            _time_stages(ingestor, stages)
             started = time.perf_counter()
             chunks = sum(
                 ingestor.ingest("bench", documents[i : i + BATCH]).chunks_created
@@ -84,9 +89,32 @@ def main() -> None:
             "ingest_chunks_per_s": ingest,
             "ratio_ingest_to_raw": round(ingest / raw, 3),
             "runs": {"raw": [round(r, 1) for r in raw_rates], "ingest": [round(r, 1) for r in ingest_rates]},
+            # Seconds per ingest run in each timed stage (summed over its batches), median over the runs.
+            "stage_seconds": {name: round(median(times), 2) for name, times in stages.items()},
             "machine": machine(),
         },
     )
+
+
+def _time_stages(ingestor: Ingestor, stages: dict[str, list[float]]) -> None:
+    """Wrap the shared chunk pass and every index's prepare() to add up their seconds in this run."""
+
+    def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                stages[name][-1] += time.perf_counter() - started  # this run's slot, the last
+
+        return wrapper
+
+    for index in ingestor.technique_indexes:
+        stages.setdefault(f"prepare {index.name}", []).append(0.0)
+        index.prepare = timed(f"prepare {index.name}", index.prepare)  # type: ignore[method-assign]
+        if isinstance(index, ChunkEncodingSource):
+            stages.setdefault("shared chunk pass", []).append(0.0)
+            index.encode_chunks = timed("shared chunk pass", index.encode_chunks)  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from iris_rag.stores.base import (
     NewCollection,
     check_embedding_model,
 )
-from iris_rag.stores.technique_index import ChunkEncoding, ChunkEncodingSource, TechniqueIndex
+from iris_rag.stores.technique_index import ChunkEncoding, ChunkEncodingSource, SpanPooling, TechniqueIndex
 from iris_rag.text import embedding_text
 
 MAX_ID_LENGTH = 256
@@ -102,6 +102,8 @@ class Ingestor:
         self._encoding_source = next(
             (i for i in self.technique_indexes if isinstance(i, ChunkEncodingSource)), None
         )
+        # rag_noderag's sentence vectors come from the same pass: its hidden states pooled over each sentence.
+        self._span_pooling = next((i for i in self.technique_indexes if isinstance(i, SpanPooling)), None)
 
     def ingest(
         self,
@@ -149,7 +151,16 @@ class Ingestor:
         shared = None
         if self._encoding_source and texts:
             progress.stage(f"encoding {len(texts)} chunks with token vectors")
-            shared = self._encoding_source.encode_chunks(texts)
+            pooling = None
+            if self._span_pooling is not None:
+                pooling = [
+                    chunk_spans
+                    for _, doc, doc_chunks in accepted
+                    for chunk_spans in self._span_pooling.pooling_spans(
+                        doc.title, doc.content, [(c.start, c.end) for c in doc_chunks]
+                    )
+                ]
+            shared = self._encoding_source.encode_chunks(texts, pooling)
         progress.stage(f"embedding {len(texts)} chunks of {len(accepted)} documents")
         vectors, result.embeddings_reused = self._embed(texts, shared)
 
@@ -163,7 +174,7 @@ class Ingestor:
                     span.start,
                     span.end,
                     vectors[row + i],
-                    shared[row + i].tokens if shared else None,
+                    shared[row + i] if shared else None,
                 )
                 for i, span in enumerate(spans)
             ]

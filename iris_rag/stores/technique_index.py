@@ -49,10 +49,15 @@ class CollectionState(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ChunkEncoding:
-    """What one forward pass over a chunk's text gave: the dense embedding when it is exact, and tokens."""
+    """What one forward pass over a chunk's text gave: the dense embedding when it is exact, and tokens.
+
+    `pooled`: one row per span a SpanPooling index asked for (its pooling_spans, in order), the unit mean of
+    the hidden states over the span; a NaN row where the pass could not give it (the chunk was cut first).
+    """
 
     dense: npt.NDArray[np.float32] | None
     tokens: Any
+    pooled: npt.NDArray[np.float32] | None = None
 
 
 @runtime_checkable
@@ -64,5 +69,22 @@ class ChunkEncodingSource(Protocol):
     through ChunkInput.tokens.
     """
 
-    def encode_chunks(self, texts: list[str]) -> list[ChunkEncoding]:
-        """One encoding per text, in order."""
+    def encode_chunks(
+        self, texts: list[str], spans: list[list[tuple[int, int]]] | None = None
+    ) -> list[ChunkEncoding]:
+        """One encoding per text, in order; with `spans` (per text), each encoding's pooled rows too."""
+
+
+@runtime_checkable
+class SpanPooling(Protocol):
+    """An index whose vectors come from the chunks' own forward pass, mean-pooled over spans of their text.
+
+    The ingestor asks it for the spans before the ChunkEncodingSource's pass, and hands each chunk's
+    ChunkEncoding (with `pooled`) to prepare() through ChunkInput.tokens. Without such a pass (no source
+    served) ChunkInput.tokens is None and the index embeds its texts itself.
+    """
+
+    def pooling_spans(
+        self, title: str, content: str, chunks: list[tuple[int, int]]
+    ) -> list[list[tuple[int, int]]]:
+        """Per chunk (its [start, end) in the content), spans of its embedding text to pool, in order."""

@@ -50,6 +50,9 @@ class TokenVectors:
     truncated: bool = False
     # The text's dense embedding from the same pass (encode(with_dense=True)), when it is exact; else None.
     dense: Floats | None = None
+    # One row per span asked for (encode(spans=...)): the unit mean of the hidden states of the word pieces
+    # inside the span, a NaN row where the span lies beyond the cut or covers no word piece; else None.
+    pooled: Floats | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,15 +156,21 @@ class TokenEncoder:
         max_length: int = MAX_DOCUMENT_TOKENS,
         batch_size: int | None = None,
         with_dense: bool = False,
+        spans: Sequence[Sequence[tuple[int, int]]] | None = None,
     ) -> list[TokenVectors]:
         """Each text's kept word pieces (no special or punctuation tokens), projected and unit-length.
 
         Bulk work on the encode thread (Embedder.map_bulk): in slices, behind every query's encode.
         `with_dense`: also give each text's dense embedding from the same hidden state, where that is
         exactly what Embedder.encode computes (see dense_from_hidden); the ingest then skips its own pass.
+        `spans`: per text, character spans [start, end) of the text whose word pieces' hidden states are
+        mean-pooled (see pool_spans) into TokenVectors.pooled: sentence vectors from the same pass.
         """
         if not texts:
             return []
+        if spans is not None and len(spans) != len(texts):
+            msg = f"{len(spans)} span lists for {len(texts)} texts"
+            raise ValueError(msg)
         projection, skip = self._setup()
         batch = batch_size or self.embedder.batch_size
         tokenizer = self.embedder.tokenizer
@@ -184,7 +193,9 @@ class TokenEncoder:
                         return_tensors="pt",
                         return_overflowing_tokens=False,
                         return_length=False,
+                        return_offsets_mapping=spans is not None,
                     )
+                    offsets = encoded.pop("offset_mapping").numpy() if spans is not None else None
                     inputs = {k: v.to(transformer.device) for k, v in encoded.items()}
                     hidden = transformer(**inputs).last_hidden_state.float().cpu().numpy()
                     ids = encoded["input_ids"].numpy()
@@ -193,6 +204,13 @@ class TokenEncoder:
                         row_ids = ids[row][mask[row]].astype(np.int64)
                         keep = ~skip[row_ids]
                         states = hidden[row][mask[row]]
+                        pooled = None
+                        if spans is not None and offsets is not None:
+                            # Offsets are into the stripped text: shift the spans by what strip() took.
+                            shift = len(texts[position]) - len(texts[position].lstrip())
+                            wanted = [(a - shift, b - shift) for a, b in spans[position]]
+                            cut = bool(mask[row].all()) and len(row_ids) >= max_length
+                            pooled = pool_spans(states, offsets[row][mask[row]], wanted, cut=cut)
                         vectors = _unit(states[keep])
                         projected = _unit(vectors @ projection) if vectors.size else vectors[:, :0]
                         results[position] = TokenVectors(
@@ -200,6 +218,7 @@ class TokenEncoder:
                             np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
                             truncated=bool(mask[row].all()) and len(row_ids) >= max_length,
                             dense=dense_from_hidden(states) if len(row_ids) < dense_limit else None,
+                            pooled=pooled,
                         )
 
         # Similar lengths sliced and batched together: padding is wasted work.
@@ -260,6 +279,27 @@ def dense_from_hidden(states: Floats) -> Floats:
     return dense
 
 
+def pool_spans(
+    states: Floats, offsets: npt.NDArray[np.int64], spans: Sequence[tuple[int, int]], *, cut: bool
+) -> Floats:
+    """One unit row per span: the mean hidden state of the word pieces whose characters lie in the span.
+
+    `states` and `offsets` are one text's unpadded last hidden state and its tokenizer offsets (special
+    tokens have empty offsets and are never pooled). In a text that was `cut` (truncated), a span is
+    pooled only when it ends where the last word piece kept ends or before; otherwise its row is NaN, and
+    so is the row of a span holding no word piece: the caller embeds that sentence apart.
+    """
+    pooled = np.full((len(spans), states.shape[1]), np.nan, dtype=np.float32)
+    real = offsets[:, 1] > offsets[:, 0]
+    reached = (int(offsets[real, 1].max()) if real.any() else 0) if cut else math.inf
+    for row, (start, end) in enumerate(spans):
+        inside = real & (offsets[:, 0] < end) & (offsets[:, 1] > start)
+        if end <= reached and inside.any():
+            mean = states[inside].mean(axis=0)
+            pooled[row] = mean / max(float(np.linalg.norm(mean)), 1e-12)
+    return pooled
+
+
 def _dense_limit(model: Any, max_length: int) -> int:
     """Below this many word pieces, a text's hidden states give its exact dense embedding (0: never).
 
@@ -292,15 +332,22 @@ class TokenVectorIndex:
         self.encoder = encoder
         self.rows = store.technique_storage(TokenVectorStorage)
 
-    def encode_chunks(self, texts: list[str]) -> list[ChunkEncoding]:
-        """The ingest's one forward pass: token vectors for prepare(), and dense vectors where exact."""
-        return [ChunkEncoding(t.dense, t) for t in self.encoder.encode(texts, with_dense=True)]
+    def encode_chunks(
+        self, texts: list[str], spans: list[list[tuple[int, int]]] | None = None
+    ) -> list[ChunkEncoding]:
+        """The ingest's one forward pass: token vectors, dense vectors where exact, pooled spans if asked.
+
+        The token vectors go to prepare(); the hidden states pooled over `spans` (a SpanPooling index's
+        sentences) to that index.
+        """
+        encoded = self.encoder.encode(texts, with_dense=True, spans=spans)
+        return [ChunkEncoding(t.dense, t, t.pooled) for t in encoded]
 
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[PreparedChunk]:
         """Quantize each chunk's token vectors (title + chunk text, as embedded); encode those not given."""
         chunks = [(d, c) for d in documents for c in d.chunks]
         keys = [(d.id, chunk_id(d.id, c.index)) for d, c in chunks]
-        given = [c.tokens if isinstance(c.tokens, TokenVectors) else None for _, c in chunks]
+        given = [_given_tokens(c.tokens) for _, c in chunks]
         todo = [i for i, tokens in enumerate(given) if tokens is None]
         texts = [embedding_text(chunks[i][0].title, chunks[i][1].content) for i in todo]
         for i, tokens in zip(todo, self.encoder.encode(texts), strict=True):
@@ -386,6 +433,13 @@ class TokenVectorIndex:
     def frequencies(self, collection_id: str) -> tuple[int, dict[int, int]]:
         """How many chunks have token rows, and in how many of them each word piece occurs."""
         return self.rows.frequencies(collection_id)
+
+
+def _given_tokens(tokens: Any) -> TokenVectors | None:
+    """The token vectors the ingest's shared pass gave a chunk (ChunkInput.tokens), if any."""
+    if isinstance(tokens, ChunkEncoding):
+        tokens = tokens.tokens
+    return tokens if isinstance(tokens, TokenVectors) else None
 
 
 def used_count(token_count: int, ratio: float) -> int:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from iris_rag.encoder import TextEncoder
-from iris_rag.stores.base import DocumentInput, DocumentStore
+from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore
+from iris_rag.stores.technique_index import ChunkEncoding
 from iris_rag.stores.versioned import VersionedCache
 from iris_rag.techniques.noderag.storage import (
     DocumentTree,
@@ -29,7 +31,7 @@ from iris_rag.techniques.noderag.storage import (
     NodeTreeStorage,
     Vectors,
 )
-from iris_rag.text import split_sentences
+from iris_rag.text import embedding_text, split_sentences
 
 # A sentence longer than this is cut at whitespace: the encoder reads at most 256 word pieces anyway.
 MAX_SENTENCE_CHARS = 1000
@@ -267,6 +269,46 @@ def leaf_texts(title: str, content: str, nodes: list[Node]) -> list[str]:
     return texts
 
 
+def leaf_chunks(nodes: list[Node], chunks: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
+    """For each leaf, in node order: (chunk, row) of its span in the first chunk holding it whole, or None.
+
+    `row` counts the leaves given to that chunk before it: the leaf's row in the chunk's pooled vectors.
+    """
+    found: list[tuple[int, int] | None] = []
+    rows = [0] * len(chunks)
+    first = 0  # chunks and leaves both run forward through the document
+    for node in nodes:
+        if node.kind != "sentence":
+            continue
+        while first < len(chunks) and chunks[first][1] <= node.start:
+            first += 1
+        place = None
+        for chunk in range(first, len(chunks)):
+            start, end = chunks[chunk]
+            if start > node.start:
+                break
+            if node.end <= end:
+                place = (chunk, rows[chunk])
+                rows[chunk] += 1
+                break
+        found.append(place)
+    return found
+
+
+def pooling_spans(
+    title: str, nodes: list[Node], chunks: list[tuple[int, int]]
+) -> list[list[tuple[int, int]]]:
+    """Per chunk, the spans of its embedding text (title + chunk) that its leaves cover (see leaf_chunks)."""
+    prefix = len(embedding_text(title, ""))  # the chunk's text starts after the title and its newline
+    spans: list[list[tuple[int, int]]] = [[] for _ in chunks]
+    leaves = [n for n in nodes if n.kind == "sentence"]
+    for node, place in zip(leaves, leaf_chunks(nodes, chunks), strict=True):
+        if place is not None:
+            start = chunks[place[0]][0]
+            spans[place[0]].append((prefix + node.start - start, prefix + node.end - start))
+    return spans
+
+
 def choose_key_sentences(nodes: list[Node], vectors: Vectors) -> None:
     """Every inner node's key sentence: the leaf nearest the normalized mean of the leaves below it."""
     leaf_ids = [n.node_id for n in nodes if n.kind == "sentence"]
@@ -295,17 +337,31 @@ class NodeTreeIndex:
         self.storage = store.technique_storage(NodeTreeStorage)
         self._matrices: VersionedCache[LeafMatrix] = VersionedCache()
 
+    # The SpanPooling protocol
+    def pooling_spans(
+        self, title: str, content: str, chunks: list[tuple[int, int]]
+    ) -> list[list[tuple[int, int]]]:
+        """Per chunk, its leaves' (sentences') spans in its embedding text, to pool in the ingest's pass."""
+        return pooling_spans(title, build_tree(content, title), chunks)
+
     # The TechniqueIndex protocol
     def prepare(self, collection_id: str, documents: list[DocumentInput]) -> list[DocumentTree]:
-        """Build every document's tree and embed its leaves in batches (outside the transaction)."""
+        """Build every document's tree and give each leaf its vector (outside the transaction).
+
+        A leaf's vector is its chunk's hidden states pooled over the sentence, from the ingest's one
+        forward pass (SpanPooling), where that pass gave it; every other leaf is embedded on its own, with
+        its title and headings (leaf_text), in batches.
+        """
         trees = [build_tree(d.content, d.title) for d in documents]
+        pooled = [_pooled_leaves(d, nodes) for d, nodes in zip(documents, trees, strict=True)]
         texts = [leaf_texts(d.title, d.content, nodes) for d, nodes in zip(documents, trees, strict=True)]
-        vectors = self.embed([t for doc_texts in texts for t in doc_texts])
+        todo = [(d, i) for d, doc_pooled in enumerate(pooled) for i, v in enumerate(doc_pooled) if v is None]
+        vectors = self.embed([texts[d][i] for d, i in todo])
+        for (d, i), vector in zip(todo, vectors, strict=True):
+            pooled[d][i] = vector
         prepared = []
-        row = 0
-        for document, nodes, doc_texts in zip(documents, trees, texts, strict=True):
-            doc_vectors = vectors[row : row + len(doc_texts)]
-            row += len(doc_texts)
+        for document, nodes, doc_pooled in zip(documents, trees, pooled, strict=True):
+            doc_vectors = _stack([v for v in doc_pooled if v is not None], self.embedder.dimension)
             choose_key_sentences(nodes, doc_vectors)
             prepared.append(DocumentTree(document.id, nodes, doc_vectors))
         return prepared
@@ -360,3 +416,25 @@ class NodeTreeIndex:
     def document_trees(self, collection_id: str, document_ids: list[str]) -> dict[str, DocumentTree]:
         """The stored trees (nodes in pre-order, leaf vectors in node order) of the given documents."""
         return self.storage.document_trees(collection_id, document_ids)
+
+
+def _pooled_leaves(document: DocumentInput, nodes: list[Node]) -> list[npt.NDArray[np.float32] | None]:
+    """Each leaf's vector pooled in the ingest's pass over its chunk (ChunkInput.tokens), or None."""
+    chunks: list[ChunkInput] = document.chunks
+    places = leaf_chunks(nodes, [(c.start_char, c.end_char) for c in chunks])
+    found: list[npt.NDArray[np.float32] | None] = []
+    for place in places:
+        vector = None
+        if place is not None:
+            encoding = chunks[place[0]].tokens
+            if isinstance(encoding, ChunkEncoding) and encoding.pooled is not None:
+                row = encoding.pooled[place[1]]
+                vector = None if np.isnan(row).any() else row
+        found.append(vector)
+    return found
+
+
+def _stack(rows: list[npt.NDArray[np.float32]], dimension: int) -> Vectors:
+    if not rows:
+        return np.zeros((0, dimension), dtype=np.float32)
+    return np.stack(rows).astype(np.float32, copy=False)
