@@ -99,7 +99,9 @@ def instrument(service: RagService, technique: str, spans: Spans, stack: ExitSta
 
 def main() -> None:
     """Run the call over the queries with every span timed, then print medians (and a cProfile)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data-dir", type=Path, required=True, help="RAG_DATA_DIR with the collection")
     parser.add_argument("--collection", required=True)
     parser.add_argument("--technique", default="basic")

@@ -47,7 +47,9 @@ def test_stem_remembers_each_word() -> None:
     words = ["hypertension", "randomized", "mitochondrial", "hypertension"]
     before = stem.cache_info()
     stems = [stem(w) for w in words]
-    assert stems == [stem.__wrapped__(w) for w in words] == ["hypertens", "random", "mitochondri", "hypertens"]
+    assert (
+        stems == [stem.__wrapped__(w) for w in words] == ["hypertens", "random", "mitochondri", "hypertens"]
+    )
     after = stem.cache_info()
     assert after.hits - before.hits >= 1  # the repeated word at least
     assert stem("hypertension") is stem("hypertension")
