@@ -13,6 +13,7 @@ def test_stem_is_safe_across_threads() -> None:
     per-word state, and two threads in it gave wrong stems and IndexError under the HTTP load bench."""
     words = ["insulin", "resistance", "angiotensin", "inhibitors", "associated", "functional", "renal"] * 50
     expected = {w: stem(w) for w in set(words)}
+    stem_word = stem.__wrapped__  # the stemmer itself: stem() remembers, so its hits would never race
     failures: list[str] = []
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows within a few rounds
@@ -22,7 +23,7 @@ def test_stem_is_safe_across_threads() -> None:
             for _ in range(40):
                 for word in words:
                     try:
-                        got = stem(word)
+                        got = stem_word(word)
                     except Exception as error:  # recorded, asserted below
                         failures.append(f"{word}: {type(error).__name__}")
                         return
@@ -38,3 +39,17 @@ def test_stem_is_safe_across_threads() -> None:
     finally:
         sys.setswitchinterval(switch)
     assert failures == []
+
+
+def test_stem_remembers_each_word() -> None:
+    """stem() is called for every word of every retrieved passage (the extractive answer): a word seen once
+    is not stemmed again, and the remembered stem is the stemmer's own."""
+    words = ["hypertension", "randomized", "mitochondrial", "hypertension"]
+    before = stem.cache_info()
+    stems = [stem(w) for w in words]
+    assert (
+        stems == [stem.__wrapped__(w) for w in words] == ["hypertens", "random", "mitochondri", "hypertens"]
+    )
+    after = stem.cache_info()
+    assert after.hits - before.hits >= 1  # the repeated word at least
+    assert stem("hypertension") is stem("hypertension")

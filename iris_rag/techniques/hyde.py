@@ -31,6 +31,11 @@ Vector = npt.NDArray[np.float32]
 SEGMENT_TOKENS = 200
 # The LLM may write up to this many tokens per requested token; the text is then cut to the length.
 LLM_TOKEN_ALLOWANCE = 1.25
+# Texts per encoder batch at query time. The encoder pads a batch to its longest text; the first pass's
+# sentences run from a few word pieces to 80, so one batch of all of them (the default 64) was mostly
+# padding. In batches of 4 (the encoder sorts texts by length first) the same vectors (to 2e-7) took a
+# quarter of the time (docs/benchmarks.md, "Where rag_basic's time goes").
+QUERY_TIME_BATCH = 4
 
 HYPOTHESIS_PROMPT = (
     "Write a passage that answers the question or addresses the claim you are given, in the style of the "
@@ -216,7 +221,7 @@ class HydePipeline(Pipeline):
             report["prf_sentences_used"] = 0
             return "", report
         check_cancelled()
-        similarity = self.context.embedder.encode(sentences) @ query_vector
+        similarity = self.context.embedder.encode(sentences, batch_size=QUERY_TIME_BATCH) @ query_vector
         counts = self.token_counts(sentences)
         chosen: list[str] = []
         used = 0
@@ -277,7 +282,9 @@ class HydePipeline(Pipeline):
             used += tokens
         if current:
             segments.append((" ".join(current), used))
-        vectors = self.context.embedder.encode([segment for segment, _ in segments])
+        vectors = self.context.embedder.encode(
+            [segment for segment, _ in segments], batch_size=QUERY_TIME_BATCH
+        )
         weights = np.array([max(tokens, 1) for _, tokens in segments], dtype=np.float32)
         mean = (vectors * weights[:, None]).sum(axis=0)
         norm = float(np.linalg.norm(mean))

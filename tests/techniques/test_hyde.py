@@ -18,7 +18,13 @@ from iris_rag.errors import InvalidParametersError, RequestCancelledError
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
-from iris_rag.techniques.hyde import HYPOTHESIS_PROMPT, SEGMENT_TOKENS, HydeParams, combined_vector
+from iris_rag.techniques.hyde import (
+    HYPOTHESIS_PROMPT,
+    QUERY_TIME_BATCH,
+    SEGMENT_TOKENS,
+    HydeParams,
+    combined_vector,
+)
 from tests.conftest import DOCUMENTS
 from tests.fake_openai import FakeOpenAIServer
 
@@ -204,6 +210,18 @@ def test_combine_strategy_and_weight_set_the_search_vector(
         assert document["similarity_score"] == pytest.approx(
             _expected(document["score_details"], weight, cosine), abs=1e-4
         )
+
+
+def test_small_query_time_batches_give_the_same_vectors(embedder: Embedder) -> None:
+    """The pseudo-document's sentences are encoded QUERY_TIME_BATCH at a time, so that a batch is not
+    mostly padding: padding is masked, so the vectors are those of one batch (and so is the ranking)."""
+    sentences = [part for document in DOCUMENTS + EXTRA for part in str(document["content"]).split(". ")]
+    sentences += ["Short.", " ".join(["A much longer sentence about the stomach lining"] * 8)]
+    assert len(sentences) > 2 * QUERY_TIME_BATCH
+    one_batch = embedder.encode(sentences, batch_size=len(sentences))
+    small = embedder.encode(sentences, batch_size=QUERY_TIME_BATCH)
+    assert small.shape == one_batch.shape
+    assert float(abs(small - one_batch).max()) < 1e-5
 
 
 def test_combined_vector_is_unit_length() -> None:

@@ -50,6 +50,8 @@ MIN_PATH_SCORE = 0.005
 PATHS_PER_DOCUMENT = 3
 SNIPPET_CHARS = 300
 
+Vector = npt.NDArray[np.float32]
+
 
 class GraphRagParams(BaseModel):
     """technique_params of rag_graphrag (schema: schemas/tools/rag_graphrag.json)."""
@@ -310,11 +312,9 @@ class GraphRagPipeline(Pipeline):
         allowed = store.matching_document_ids(collection.id, metadata_filter) if metadata_filter else None
         table = self.index.entity_table(collection.id, collection.version)
         phrases = query_phrases(query)
-        # One encoder call for the query and its phrases.
-        vectors = self.context.embedder.encode([query, *phrases])
-        query_vector = vectors[0]
+        query_vector, phrase_vectors = self._encode(query, phrases)
         check_cancelled()
-        linked = link_entities(phrases, vectors[1:], table, params.entity_threshold)
+        linked = link_entities(phrases, phrase_vectors, table, params.entity_threshold)
         walk = walk_graph(self.index, collection.id, table, linked, params.max_hops, allowed)
         check_cancelled()
 
@@ -378,6 +378,21 @@ class GraphRagPipeline(Pipeline):
             documents_searched=store.chunk_count(collection.id),
             technique_specific=specific,
         )
+
+    def _encode(self, query: str, phrases: list[str]) -> tuple[Vector, npt.NDArray[np.float32]]:
+        """The query's vector and its phrases', each encoded as a query: one text at a time on one thread.
+
+        A batch runs on every core, and on a busy machine a two-thread encode waits at every layer for
+        the slower thread: that wait was most of this technique's p95 (docs/benchmarks.md, "Where
+        rag_basic's time goes"). One text at a time also pads nothing, and the query's vector is the one
+        query_similarities() finds remembered.
+        """
+        embedder = self.context.embedder
+        futures = [embedder.encode_query_async(text) for text in [query, *phrases]]
+        vectors = [future.result() for future in futures]
+        if not phrases:
+            return vectors[0], np.zeros((0, embedder.dimension), dtype=np.float32)
+        return vectors[0], np.stack(vectors[1:])
 
     # rag_graph_explore
     def graph_explore(self, params: dict[str, Any]) -> dict[str, Any]:

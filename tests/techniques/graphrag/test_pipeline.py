@@ -356,7 +356,9 @@ class EncodeSpy:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, embedder: Embedder) -> None:
         self.texts: list[list[str]] = []
         self.queries: list[str] = []
+        self.asked: list[str] = []  # encode_query_async: one text, one thread, remembered
         encode, encode_query = embedder.encode, embedder.encode_query
+        encode_query_async = embedder.encode_query_async
 
         def spy_encode(texts: list[str], **kwargs: Any) -> Any:
             self.texts.append(list(texts))
@@ -366,8 +368,13 @@ class EncodeSpy:
             self.queries.append(query)
             return encode_query(query)
 
+        def spy_query_async(query: str) -> Any:
+            self.asked.append(query)
+            return encode_query_async(query)
+
         monkeypatch.setattr(embedder, "encode", spy_encode)
         monkeypatch.setattr(embedder, "encode_query", spy_query)
+        monkeypatch.setattr(embedder, "encode_query_async", spy_query_async)
 
 
 def _cold(settings: Settings, embedder: Embedder) -> RagService:
@@ -392,10 +399,12 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
     try:
         explored = cold.methods()["graph_explore"]({"collection_id": "docs", "entity": "metformin"})
         assert explored["found"] and explored["neighbours"]
-        assert spy.texts == [] and spy.queries == []  # an exact name: nothing to encode
+        assert spy.texts == [] and spy.queries == [] and spy.asked == []  # an exact name: nothing to encode
         first = graphrag(cold, top_k=5)
         phrases = query_phrases(QUESTION)
-        assert spy.texts == [[QUESTION, *phrases]]  # one call: the query and its phrases, no entity name
+        assert phrases
+        # The query and its phrases, each as a query (one thread, no batch); no entity name.
+        assert spy.texts == [] and spy.asked == [QUESTION, *phrases]
     finally:
         cold.close()
 
@@ -410,7 +419,7 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
     try:
         with caplog.at_level(logging.WARNING):
             old = graphrag(legacy, top_k=5)
-        assert len(spy.texts) == 2 and len(spy.texts[0]) > 10  # every entity name, then the query
+        assert len(spy.texts) == 1 and len(spy.texts[0]) > 10  # every entity name (the query: as above)
         assert "iris-rag reindex" in caplog.text
         assert [i for i, _ in _ranking(old)] == [i for i, _ in _ranking(first)]
         for (_, a), (_, b) in zip(_ranking(old), _ranking(first), strict=True):
@@ -424,6 +433,35 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
     finally:
         legacy.close()
     assert connection.execute("SELECT COUNT(*) FROM kg_entities WHERE embedding IS NULL").fetchone()[0] == 0
+
+
+def test_the_extractive_answer_reuses_the_query_vector(
+    graph_service: RagService, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the extractive answer on, the query reaches the model once per call: the answer's relevance
+    check finds the vector retrieve() encoded (it was encoded twice, once in a batch with the phrases)."""
+    query = "Which kinase does metformin activate in the liver, asked once?"  # new to this session's model
+    model_texts: list[str] = []
+    encode, encode_one = embedder.encode, embedder._encode_one
+
+    def spy_encode(texts: list[str], **kwargs: Any) -> Any:
+        model_texts.extend(texts)
+        return encode(texts, **kwargs)
+
+    def spy_encode_one(model: Any, text: str) -> Any:
+        model_texts.append(text)
+        return encode_one(model, text)
+
+    monkeypatch.setattr(embedder, "encode", spy_encode)
+    monkeypatch.setattr(embedder, "_encode_one", spy_encode_one)
+    result = graph_service.execute(
+        {"technique": "graphrag", "arguments": {"query": query, "collection_id": "docs"}}
+    )
+    assert result["answer"] and result["metadata"]["answer_source"] == "extractive"
+    assert "relevance" in result["metadata"]  # the query similarities were computed
+    assert model_texts.count(query) == 1
+    # Its phrases too, unless an earlier call of this session's model already encoded them.
+    assert set(model_texts) <= {query, *query_phrases(query)}
 
 
 def test_a_cancelled_call_stops_at_the_walk(
