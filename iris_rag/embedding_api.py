@@ -71,6 +71,7 @@ class ApiEmbedder:
         self.requested_dimensions = settings.embedding_dimensions
         self.error: str | None = None
         self.load_time_s: float | None = None
+        self.backend: str | None = "api"
         self.tokenizer = ApproximateTokenizer()
         self._secrets = settings.llm_secrets
         api_key = settings.embedding_api_key.get_secret_value() if settings.embedding_api_key else None

@@ -33,6 +33,10 @@ class TextEncoder(Protocol):
         """Whether embeddings can be made now."""
 
     @property
+    def backend(self) -> str | None:
+        """What computes the vectors: onnx or torch (the local model, once loaded), or api."""
+
+    @property
     def dimension(self) -> int:
         """Vector size."""
 

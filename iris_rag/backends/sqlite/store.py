@@ -855,7 +855,7 @@ class SqliteStore:
     def chunk_vectors(self, collection_id: str, chunk_ids: list[str]) -> dict[str, npt.NDArray[np.float32]]:
         """The stored vectors of the given chunks (unknown ids are left out)."""
         index = self._vector_index(collection_id)
-        return {c: index.matrix[index.row_of[c]].copy() for c in chunk_ids if c in index.row_of}
+        return {c: index.buffer.array[index.row_of[c]].copy() for c in chunk_ids if c in index.row_of}
 
     def keyword_search(
         self,

@@ -13,6 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from iris_rag.embedder import Embedder
+from iris_rag.encoder import TextEncoder
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -33,7 +34,7 @@ CONTENT = (
 )
 
 
-def _hidden(embedder: Embedder, text: str) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+def _hidden(embedder: TextEncoder, text: str) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """The transformer's last hidden state and the offsets for one text, run on its own (no batch)."""
 
     def run(model: Any) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
