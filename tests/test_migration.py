@@ -352,6 +352,7 @@ def test_rows_the_target_cannot_hold_are_refused_or_left_behind_when_told(
     lacking = {k: v for k, v in sqlite.TECHNIQUE_STORAGE.items() if k is not KnowledgeGraphStorage}
     origin = SqliteStore(source.path)
     try:
+        origin.technique_storage(KnowledgeGraphStorage)  # the source has one (made once per store)
         with monkeypatch.context() as patch:
             patch.setattr(sqlite, "TECHNIQUE_STORAGE", lacking)
             target = SqliteStore(tmp_path / "t.sqlite3")
