@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from iris_rag import access, progress
 from iris_rag.cancellation import check_cancelled
-from iris_rag.errors import DocumentNotFoundError, InvalidParametersError
+from iris_rag.errors import DocumentNotFoundError
 from iris_rag.generation import RELEVANCE_FLOOR
 from iris_rag.llm import TechniqueLLM
 from iris_rag.pipeline import Pipeline, RetrievedDocument
@@ -84,9 +84,6 @@ class PodcastMaker:
         target_s = request.duration_minutes * 60.0
         progress.stage("podcast: retrieving passages")
         passages = self._passages(pipeline, collection, request.topic, request.duration_minutes)
-        if not passages:
-            msg = f"collection {collection.id!r} has no passages to talk about"
-            raise InvalidParametersError(msg)
         citations = Citations()
         llm_error: str | None = None
         source = "extractive"
@@ -147,8 +144,8 @@ class PodcastMaker:
             **({"llm_error": llm_error} if llm_error else {}),
         }
         notes = []
-        best = max(d.score for d in passages)
-        if best < RELEVANCE_FLOOR:
+        best = max((d.score for d in passages), default=0.0)
+        if passages and best < RELEVANCE_FLOOR:
             notes.append(
                 f"nothing in the collection is close to this topic (best similarity {best:.2f}, below "
                 f"{RELEVANCE_FLOOR}): the podcast talks about the nearest passages, probably unrelated"

@@ -115,7 +115,8 @@ class SpeechEngine:
 
     def synthesize(self, text: str, voice: Voice) -> array.array[int]:
         """The text spoken in the voice, as 16-bit samples at `sample_rate`."""
-        data = text.encode("utf-8") + b"\0"
+        # A lone surrogate (JSON allows one) has no UTF-8 form: it is spoken as nothing.
+        data = text.encode("utf-8", errors="ignore") + b"\0"
         with self._lock:
             library = self._library
             if library.espeak_SetVoiceByName(voice.name.encode()) != 0:

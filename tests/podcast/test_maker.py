@@ -177,3 +177,11 @@ def test_an_off_topic_podcast_says_so(loaded: RagService) -> None:
         {"topic": "the football world cup final", "collection_id": "sci", "duration_minutes": 1}
     )
     assert "nothing in the collection is close to this topic" in result["note"]
+
+
+def test_a_collection_with_nothing_left_gives_a_short_podcast_that_says_so(loaded: RagService) -> None:
+    loaded.ingest({"collection_id": "emptied", "documents": [{"id": "x", "content": "Gone soon."}]})
+    loaded.delete_documents({"collection_id": "emptied", "document_ids": ["x"]})
+    result = loaded.generate_podcast({"topic": TOPIC, "collection_id": "emptied", "duration_minutes": 1})
+    assert [t["speaker"] for t in result["transcript"]] == ["host", "host"]
+    assert "ran out of passages" in result["note"] and result["sources"] == []
