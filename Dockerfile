@@ -35,6 +35,7 @@ RUN npm ci --no-audit --no-fund --loglevel=error
 # The source, the package itself (no dependencies left to fetch), the front end built, dev packages gone.
 COPY . .
 RUN .venv/bin/pip install --no-deps -e ".[postgres,iris]" \
+ && .venv/bin/python -m iris_rag.embedder export-onnx \
  && npm run --silent build \
  && npm prune --omit=dev --no-audit --no-fund --loglevel=error
 

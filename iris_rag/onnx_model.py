@@ -75,27 +75,33 @@ def find_export(model_path: str | Path, root: Path | None = None) -> Path | None
 
 
 def pooling_config(model_path: str | Path) -> tuple[int, bool]:
-    """The model's max_seq_length and whether it is transformer -> mean pooling -> normalize."""
+    """The model's max_seq_length and whether it is transformer -> mean pooling -> normalize.
+
+    A folder without sentence-transformers' config files is not (0, False): it keeps the torch backend.
+    """
     root = Path(model_path)
-    max_length = int(json.loads((root / "sentence_bert_config.json").read_text())["max_seq_length"])
-    modules = json.loads((root / "modules.json").read_text())
-    kinds = [str(m["type"]).rsplit(".", 1)[-1] for m in modules]
-    if kinds != ["Transformer", "Pooling", "Normalize"]:
-        return max_length, False
-    pooling = json.loads((root / modules[1]["path"] / "config.json").read_text())
+    try:
+        max_length = int(json.loads((root / "sentence_bert_config.json").read_text())["max_seq_length"])
+        modules = json.loads((root / "modules.json").read_text())
+        kinds = [str(m["type"]).rsplit(".", 1)[-1] for m in modules]
+        if kinds != ["Transformer", "Pooling", "Normalize"]:
+            return max_length, False
+        pooling = json.loads((root / modules[1]["path"] / "config.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, False
     modes = [key for key, value in pooling.items() if key.startswith("pooling_mode") and value]
     return max_length, modes == ["pooling_mode_mean_tokens"]
 
 
 def export(model_path: str | Path, root: Path | None = None) -> Path:
     """Export the model's transformer to ONNX (torch is needed here only); returns the ONNX file."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-
     _, mean_pooled = pooling_config(model_path)
     if not mean_pooled:
         msg = f"{model_path} is not transformer -> mean pooling -> normalize; it keeps the torch backend"
         raise ValueError(msg)
+    import torch
+    from sentence_transformers import SentenceTransformer
+
     folder = export_folder(model_path, root)
     folder.mkdir(parents=True, exist_ok=True)
     model = SentenceTransformer(str(model_path), device="cpu")

@@ -18,7 +18,8 @@ fi
 EXTRAS="${IRIS_RAG_EXTRAS-dev}"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".${EXTRAS:+[$EXTRAS]}"
 echo "setup: exporting the embedding model to ONNX (EMBEDDING_BACKEND=auto uses it; torch otherwise)" >&2
-.venv/bin/python -m iris_rag.embedder export-onnx
+.venv/bin/python -m iris_rag.embedder export-onnx \
+  || echo "setup: the ONNX export failed (see above); EMBEDDING_BACKEND=auto will use torch" >&2
 
 echo "setup: installing and building the MCP front end" >&2
 npm ci --no-audit --no-fund --loglevel=error

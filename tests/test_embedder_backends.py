@@ -176,6 +176,15 @@ def test_an_export_belongs_to_the_exact_model(model_copy: Path) -> None:
     assert onnx_model.model_fingerprint(model_copy) != original, "a changed model is not the exported one"
 
 
+def test_only_mean_pooled_sentence_transformers_models_export(model_copy: Path, tmp_path: Path) -> None:
+    assert onnx_model.pooling_config(model_copy) == (256, True)
+    (model_copy / "modules.json").unlink()
+    assert onnx_model.pooling_config(model_copy) == (0, False), "a plain folder keeps torch"
+    assert onnx_model.pooling_config(tmp_path / "missing") == (0, False)
+    with pytest.raises(ValueError, match="keeps the torch backend"):
+        onnx_model.export(model_copy, tmp_path / "onnx")
+
+
 def test_export_command_writes_a_loadable_export_once(tmp_path: Path, onnx_embedder: Embedder) -> None:
     """`python -m iris_rag.embedder export-onnx` (scripts/setup.sh's step) into EMBEDDING_ONNX_DIR."""
     env = {**os.environ, "EMBEDDING_ONNX_DIR": str(tmp_path / "onnx"), "LOG_LEVEL": "WARNING"}
