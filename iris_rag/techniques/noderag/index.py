@@ -38,6 +38,12 @@ MAX_SENTENCE_CHARS = 1000
 # Leaves are embedded this many texts per encode call (outside the ingest transaction): the encoder sorts a
 # call's texts by length, so larger calls pad less; each call's vectors go to the embedding cache.
 ENCODE_BATCH = 1024
+LEAF_TEXT = (
+    "with rag_colbert served: the chunk's forward pass (title + chunk) mean-pooled over the sentence; "
+    "a sentence no chunk gives whole, or without rag_colbert: "
+    "document title > section headings, newline, sentence"
+)
+"""What a leaf's vector is made from (NodeRAG's metadata.technique_specific.leaf_text)."""
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")

@@ -21,7 +21,7 @@ from iris_rag.llm import Produced, TechniqueLLM
 from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo, StoredChunk, StoredDocument
 from iris_rag.stores.filters import parse_filters
-from iris_rag.techniques.noderag.index import NodeTreeIndex, ancestors
+from iris_rag.techniques.noderag.index import LEAF_TEXT, NodeTreeIndex, ancestors
 from iris_rag.techniques.noderag.storage import LeafMatrix, Node, Vectors
 
 Aggregation = Literal["concatenate", "summarize", "weighted"]
@@ -153,7 +153,7 @@ class NodeRagPipeline(Pipeline):
             "context_window": params.context_window,
             "include_parent_context": params.include_parent_context,
             "aggregation_strategy": params.aggregation_strategy,
-            "leaf_text": "document title > section headings, newline, sentence",
+            "leaf_text": LEAF_TEXT,
             "leaf_nodes_searched": searched,
             "leaf_nodes_scanned": scanned,
             "merged_matches": sum(len(r.matches) - 1 for r in results),
