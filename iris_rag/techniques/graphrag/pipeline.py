@@ -380,19 +380,19 @@ class GraphRagPipeline(Pipeline):
         )
 
     def _encode(self, query: str, phrases: list[str]) -> tuple[Vector, npt.NDArray[np.float32]]:
-        """The query's vector and its phrases', each encoded as a query: one text at a time on one thread.
+        """The query's vector (as a query) and its phrases' (one batch), side by side on two threads.
 
-        A batch runs on every core, and on a busy machine a two-thread encode waits at every layer for
-        the slower thread: that wait was most of this technique's p95 (docs/benchmarks.md, "Where
-        rag_basic's time goes"). One text at a time also pads nothing, and the query's vector is the one
-        query_similarities() finds remembered.
+        The query's is the vector the extractive answer's relevance check then finds remembered. One
+        batch of the query and its phrases made the answer encode the query a second time; each phrase
+        as a query of its own was slower (p50 336 against 196 ms on the loaded 2-core VM, same run;
+        docs/benchmarks.md, "Where rag_basic's time goes").
         """
         embedder = self.context.embedder
-        futures = [embedder.encode_query_async(text) for text in [query, *phrases]]
-        vectors = [future.result() for future in futures]
+        query_vector = embedder.encode_query_async(query)
         if not phrases:
-            return vectors[0], np.zeros((0, embedder.dimension), dtype=np.float32)
-        return vectors[0], np.stack(vectors[1:])
+            return query_vector.result(), np.zeros((0, embedder.dimension), dtype=np.float32)
+        phrase_vectors = embedder.encode(phrases)
+        return query_vector.result(), phrase_vectors
 
     # rag_graph_explore
     def graph_explore(self, params: dict[str, Any]) -> dict[str, Any]:

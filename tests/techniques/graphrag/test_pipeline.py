@@ -403,8 +403,8 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
         first = graphrag(cold, top_k=5)
         phrases = query_phrases(QUESTION)
         assert phrases
-        # The query and its phrases, each as a query (one thread, no batch); no entity name.
-        assert spy.texts == [] and spy.asked == [QUESTION, *phrases]
+        # The query as a query (remembered for the answer), its phrases in one batch; no entity name.
+        assert spy.asked == [QUESTION] and spy.texts == [phrases]
     finally:
         cold.close()
 
@@ -419,7 +419,7 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
     try:
         with caplog.at_level(logging.WARNING):
             old = graphrag(legacy, top_k=5)
-        assert len(spy.texts) == 1 and len(spy.texts[0]) > 10  # every entity name (the query: as above)
+        assert len(spy.texts) == 2 and len(spy.texts[0]) > 10  # every entity name, then the phrases
         assert "iris-rag reindex" in caplog.text
         assert [i for i, _ in _ranking(old)] == [i for i, _ in _ranking(first)]
         for (_, a), (_, b) in zip(_ranking(old), _ranking(first), strict=True):
@@ -439,7 +439,8 @@ def test_the_extractive_answer_reuses_the_query_vector(
     graph_service: RagService, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the extractive answer on, the query reaches the model once per call: the answer's relevance
-    check finds the vector retrieve() encoded (it was encoded twice, once in a batch with the phrases)."""
+    check finds the vector retrieve() encoded (it was encoded twice: in a batch with the phrases, then
+    alone)."""
     query = "Which kinase does metformin activate in the liver, asked once?"  # new to this session's model
     model_texts: list[str] = []
     encode, encode_one = embedder.encode, embedder._encode_one
