@@ -38,6 +38,7 @@ from iris_rag.backends.iris.schema import (
     vector_table_ddl,
 )
 from iris_rag.cancellation import check_cancelled
+from iris_rag.errors import DatabaseConnectionFailedError
 from iris_rag.redaction import redact
 from iris_rag.stores.base import (
     CallRecord,
@@ -95,7 +96,7 @@ class IrisTarget:
         return f"{self.username}@{self.host}:{self.port}/{self.namespace}"
 
 
-class IrisConnectionError(ConnectionError):
+class IrisConnectionError(DatabaseConnectionFailedError):
     """The IRIS server could not be reached or refused the login (the message names where, never how)."""
 
 

@@ -82,8 +82,9 @@ def test_create_store_builds_the_iris_store_lazily(tmp_path: Path) -> None:
     settings = Settings(
         RAG_STORE="iris", IRIS_HOST="127.0.0.1", IRIS_PORT=str(_closed_port()), RAG_DATA_DIR=tmp_path
     )
-    with pytest.raises(IrisConnectionError, match="cannot reach IRIS"):
+    with pytest.raises(IrisConnectionError, match="cannot reach IRIS") as refused:
         create_store(settings)
+    assert refused.value.code == "DATABASE_CONNECTION_FAILED"
 
 
 # Names an f-string in a statement may interpolate: identifiers from the schema module, integers, and the
