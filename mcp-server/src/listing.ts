@@ -27,7 +27,7 @@ const DROPPED = new Set(["$comment", "pattern", "propertyNames", "minLength", "m
 
 /**
  * Top-level arguments listed as one line of text instead of a nested schema: `options`, the same block of
- * seven settings on every technique tool (a structured copy per tool cost 600 characters each).
+ * settings on every technique tool (a structured copy per tool cost 600 characters each).
  */
 const SUMMARIZED = new Set(["options"]);
 
