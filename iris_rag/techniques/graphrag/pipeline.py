@@ -383,9 +383,9 @@ class GraphRagPipeline(Pipeline):
         """The query's vector (as a query) and its phrases' (one batch), side by side on two threads.
 
         The query's is the vector the extractive answer's relevance check then finds remembered. One
-        batch of the query and its phrases made the answer encode the query a second time; each phrase
-        as a query of its own was slower (p50 336 against 196 ms on the loaded 2-core VM, same run;
-        docs/benchmarks.md, "Where rag_basic's time goes").
+        batch of the query and its phrases made the answer encode the query a second time, and its p95
+        was 1.8 times this one's; each phrase as a query of its own was no faster than this (two
+        same-run comparisons on the loaded 2-core VM: docs/benchmarks.md, "Where rag_basic's time goes").
         """
         embedder = self.context.embedder
         query_vector = embedder.encode_query_async(query)
