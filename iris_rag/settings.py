@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096, validation_alias="EMBEDDING_BATCH_SIZE")
     embedding_device: str = Field("cpu", validation_alias="EMBEDDING_DEVICE")
+    # NodeRAG's sentence vectors: embedded apart (title > headings + sentence), or pooled from the chunk's own
+    # forward pass when rag_colbert is served (faster ingest; docs/benchmarks.md, issue 15).
+    noderag_leaf_vectors: Literal["encoded", "pooled"] = Field(
+        "encoded", validation_alias="NODERAG_LEAF_VECTORS"
+    )
 
     # Chunking
     chunk_size: int = Field(1000, ge=100, le=20000, validation_alias="CHUNK_SIZE")
