@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     embedding_backend: Literal["auto", "onnx", "torch"] = Field("auto", validation_alias="EMBEDDING_BACKEND")
     embedding_onnx_dir_setting: str = Field("", validation_alias="EMBEDDING_ONNX_DIR")
 
+    # NodeRAG's sentence vectors: embedded apart (title > headings + sentence), or pooled from the chunk's own
+    # forward pass when rag_colbert is served (faster ingest; docs/benchmarks.md, issue 15).
+    noderag_leaf_vectors: Literal["encoded", "pooled"] = Field(
+        "encoded", validation_alias="NODERAG_LEAF_VECTORS"
+    )
+
     # Chunking
     chunk_size: int = Field(1000, ge=100, le=20000, validation_alias="CHUNK_SIZE")
     chunk_overlap: int = Field(150, ge=0, le=5000, validation_alias="CHUNK_OVERLAP")

@@ -79,9 +79,10 @@ class ChunkEncodingSource(Protocol):
 class SpanPooling(Protocol):
     """An index whose vectors come from the chunks' own forward pass, mean-pooled over spans of their text.
 
-    The ingestor asks it for the spans before the ChunkEncodingSource's pass, and hands each chunk's
-    ChunkEncoding (with `pooled`) to prepare() through ChunkInput.tokens. Without such a pass (no source
-    served) ChunkInput.tokens is None and the index embeds its texts itself.
+    With NODERAG_LEAF_VECTORS=pooled (off by default), the ingestor asks it for the spans before the
+    ChunkEncodingSource's pass, and hands each chunk's ChunkEncoding (with `pooled`) to prepare() through
+    ChunkInput.tokens. Otherwise, or without such a pass (no source served), nothing is pooled and the
+    index embeds its texts itself.
     """
 
     def pooling_spans(

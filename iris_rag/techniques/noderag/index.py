@@ -39,9 +39,8 @@ MAX_SENTENCE_CHARS = 1000
 # call's texts by length, so larger calls pad less; each call's vectors go to the embedding cache.
 ENCODE_BATCH = 1024
 LEAF_TEXT = (
-    "with rag_colbert served: the chunk's forward pass (title + chunk) mean-pooled over the sentence; "
-    "a sentence no chunk gives whole, or without rag_colbert: "
-    "document title > section headings, newline, sentence"
+    "document title > section headings, newline, sentence; with NODERAG_LEAF_VECTORS=pooled and rag_colbert "
+    "served: the chunk's forward pass (title + chunk) mean-pooled over the sentence, where a chunk holds it"
 )
 """What a leaf's vector is made from (NodeRAG's metadata.technique_specific.leaf_text)."""
 

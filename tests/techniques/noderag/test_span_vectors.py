@@ -6,6 +6,7 @@ transformer over the same chunk text (tolerance 1e-5: float rounding of a differ
 fallbacks: a sentence no chunk holds whole, or one past a chunk's cut, is embedded on its own as before.
 """
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -97,8 +98,21 @@ def _index(service: RagService) -> NodeTreeIndex:
     return index
 
 
-def test_ingest_pools_sentence_vectors_from_the_chunk_pass(service: RagService, monkeypatch: Any) -> None:
-    """Default techniques: no sentence is encoded apart, except those no chunk gives whole."""
+@pytest.fixture
+def pooling_service(tmp_path: Any, embedder: Embedder) -> Iterator[RagService]:
+    """A service on a fresh store with every technique and NODERAG_LEAF_VECTORS=pooled."""
+    rag = RagService(
+        Settings(RAG_DATA_DIR=tmp_path / "data", NODERAG_LEAF_VECTORS="pooled"), embedder=embedder
+    )
+    yield rag
+    rag.close()
+
+
+def test_ingest_pools_sentence_vectors_from_the_chunk_pass(
+    pooling_service: RagService, monkeypatch: Any
+) -> None:
+    """Every technique, pooled: no sentence is encoded apart, except those no chunk gives whole."""
+    service = pooling_service
     encoded_apart: list[str] = []
     encode = service.embedder.encode
 
@@ -128,11 +142,16 @@ def test_ingest_pools_sentence_vectors_from_the_chunk_pass(service: RagService, 
     np.testing.assert_allclose(last, encode([long_texts[-1]])[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("techniques", ["noderag", "colbert,noderag"])
-def test_without_the_token_pass_sentences_are_embedded_apart(
-    tmp_path: Any, embedder: Embedder, techniques: str
+@pytest.mark.parametrize(
+    ("techniques", "leaf_vectors"),
+    [("noderag", "pooled"), ("colbert,noderag", "encoded"), ("colbert,noderag", "pooled")],
+)
+def test_sentences_are_embedded_apart_unless_pooled_from_the_token_pass(
+    tmp_path: Any, embedder: Embedder, techniques: str, leaf_vectors: str
 ) -> None:
-    settings = Settings(RAG_DATA_DIR=tmp_path / "data", RAG_TECHNIQUES=techniques)
+    settings = Settings(
+        RAG_DATA_DIR=tmp_path / "data", RAG_TECHNIQUES=techniques, NODERAG_LEAF_VECTORS=leaf_vectors
+    )
     service = RagService(settings, embedder=embedder)
     try:
         service.ingest(
@@ -142,7 +161,7 @@ def test_without_the_token_pass_sentences_are_embedded_apart(
     finally:
         service.close()
     direct = embedder.encode(leaf_texts(TITLE, CONTENT, tree.nodes))
-    if techniques == "noderag":
+    if techniques == "noderag" or leaf_vectors == "encoded":
         np.testing.assert_allclose(tree.vectors, direct, atol=1e-5)
     else:
         assert not np.allclose(tree.vectors, direct, atol=1e-3), "pooled, not the sentences' own encodes"
