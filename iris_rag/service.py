@@ -203,9 +203,7 @@ class RagService:
             "max_tokens": self.settings.llm_max_tokens,
             **arguments.get("options", {}),
         }
-        # request_id and session_id belong to the call, not the technique (worker/dispatch.py echoes them).
-        envelope = {k: v for k, v in arguments.items() if k not in CORRELATION_FIELDS}
-        request = TechniqueRequest.model_validate({**envelope, "options": options})
+        request = TechniqueRequest.model_validate({**_without_correlation(arguments), "options": options})
         if self.result_cache is None or not _cacheable(pipeline.technique, request):
             return pipeline.run(request)
         collection_id = request.collection_id or self.settings.default_collection
@@ -417,13 +415,13 @@ class RagService:
     def smart_questions(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_smart_questions: follow-up questions, each checked to retrieve its source chunk."""
         arguments = validate_arguments("rag_smart_questions", params)
-        request = SmartQuestionsRequest.model_validate(arguments)
+        request = SmartQuestionsRequest.model_validate(_without_correlation(arguments))
         return SmartQuestions(self.pipelines, self._technique_llm).run(request)
 
     def generate_podcast(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_generate_podcast: a two-voice podcast, spoken offline and saved under RAG_DATA_DIR."""
         arguments = validate_arguments("rag_generate_podcast", params)
-        request = PodcastRequest.model_validate(arguments)
+        request = PodcastRequest.model_validate(_without_correlation(arguments))
         return PodcastMaker(self.pipelines, self._technique_llm, self.settings.data_dir).run(request)
 
     def podcast_file(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -547,3 +545,11 @@ def _check(
     if include_details:
         component["details"] = details
     return component
+
+
+def _without_correlation(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments less request_id and session_id, which belong to the call, not to the tool's request.
+
+    worker/dispatch.py echoes them in the answer and stores them with the call record.
+    """
+    return {k: v for k, v in arguments.items() if k not in CORRELATION_FIELDS}

@@ -12,7 +12,7 @@ import pytest
 from iris_rag.embedder import Embedder
 from iris_rag.errors import CollectionNotFoundError, InvalidParametersError, PipelineNotFoundError
 from iris_rag.questions import VERIFY_TOP_K, SmartQuestionsRequest, pattern_question
-from iris_rag.schemas import tool_spec
+from iris_rag.schemas import CORRELATION_FIELDS, tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS, SAMPLE_CORPUS
@@ -194,7 +194,8 @@ def assert_model_mirrors_schema(tool: str, model: type[Any], defaults_only_in_mo
     """The tool's JSON Schema (what clients see and both sides validate) and its pydantic model agree."""
     spec = tool_spec(tool)
     assert spec is not None
-    properties = spec["inputSchema"]["properties"]
+    # request_id and session_id are on every tool and belong to the call (the service drops them).
+    properties = {k: v for k, v in spec["inputSchema"]["properties"].items() if k not in CORRELATION_FIELDS}
     parsed = model.model_json_schema()
     assert set(properties) == set(parsed["properties"]), tool
     assert set(spec["inputSchema"]["required"]) == set(parsed.get("required", [])), tool

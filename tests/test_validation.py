@@ -4,7 +4,12 @@ from typing import Any
 
 import pytest
 
-from iris_rag.errors import InvalidParametersError, InvalidQueryError, PipelineNotFoundError
+from iris_rag.errors import (
+    InvalidParametersError,
+    InvalidQueryError,
+    MissingRequiredFieldError,
+    PipelineNotFoundError,
+)
 from iris_rag.validation import validate_arguments
 
 BAD_QUERIES = ["", "   \n\t ", "x" * 2049]
@@ -24,8 +29,8 @@ def test_bad_queries_are_invalid_query(query: str) -> None:
         validate_arguments("rag_basic", {"query": query})
 
 
-def test_missing_query_is_invalid_query() -> None:
-    with pytest.raises(InvalidQueryError, match="'query' is a required property"):
+def test_missing_query_is_missing_required_field() -> None:
+    with pytest.raises(MissingRequiredFieldError, match="'query' is a required property"):
         validate_arguments("rag_basic", {})
 
 
