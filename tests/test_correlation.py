@@ -102,3 +102,19 @@ def test_an_older_sqlite_call_log_gains_the_columns(tmp_path: Path) -> None:
     calls = reopened.calls_since(0)
     assert [(c.request_id, c.session_id) for c in calls] == [(None, None), ("r", "s")]
     reopened.close()
+
+
+def test_tools_with_their_own_request_models_take_the_ids(service: RagService) -> None:
+    """rag_smart_questions and rag_generate_podcast parse their arguments with strict models: the ids, on
+    every tool's schema, must reach the dispatcher's echo, not the model (it refused them before)."""
+    dispatcher = Dispatcher(service)
+    ok, _ = dispatcher.call("ingest", {"collection_id": "docs", "documents": DOCUMENTS})
+    assert ok
+    calls = {
+        "smart_questions": {"collection_id": "docs", "context": "volcanoes and lava", "count": 1},
+        "generate_podcast": {"collection_id": "docs", "topic": "volcanoes", "duration_minutes": 1},
+    }
+    for method, arguments in calls.items():
+        ok, answer = dispatcher.call(method, {**arguments, **IDS})
+        assert ok, (method, answer)
+        assert (answer["request_id"], answer["session_id"]) == ("req-1", "chat-7"), method

@@ -191,7 +191,10 @@ async def test_every_tool_over_streamable_http(seeded: HttpServer) -> None:
             ("rag_table_schema", {"collection_id": "papers"}),
             ("rag_list_documents", {"collection_id": "papers", "limit": 2}),
             ("rag_smart_questions", {"collection_id": "papers", "context": "rivers of France", "count": 2}),
-            ("rag_generate_podcast", {"collection_id": "papers", "topic": "the Seine", "duration_minutes": 1}),
+            (
+                "rag_generate_podcast",
+                {"collection_id": "papers", "topic": "the Seine", "duration_minutes": 1},
+            ),
             ("rag_delete_documents", {"collection_id": "papers", "document_ids": ["not-there"]}),
             ("rag_ingest", {"collection_id": "scratch", "documents": DOCUMENTS[:1]}),
             ("rag_update_collection", {"collection_id": "scratch", "description": "Scratch space."}),
