@@ -109,6 +109,16 @@ class FakeOpenAIServer:
         self.base_url = f"http://127.0.0.1:{self._server.server_port}/v1"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
+    def llm_settings(self) -> dict[str, Any]:
+        """The Settings fields (by env name) that point the server's one LLM client at this double."""
+        return {
+            "LLM_PROVIDER": "openai",
+            "LLM_MODEL": "fake-model",
+            "LLM_API_KEY": "sk-test",
+            "LLM_BASE_URL": self.base_url,
+            "LLM_MAX_RETRIES": 0,
+        }
+
     def close(self) -> None:
         """Stop serving."""
         self._server.shutdown()

@@ -154,11 +154,7 @@ def test_llm_questions_keep_only_those_that_retrieve_their_passage(
     settings = Settings(
         RAG_DATA_DIR=data_dir,
         RAG_TECHNIQUES=TECHNIQUES,
-        LLM_PROVIDER="openai",
-        LLM_MODEL="fake-model",
-        LLM_API_KEY="sk-test",
-        LLM_BASE_URL=server.base_url,
-        LLM_MAX_RETRIES=0,
+        **server.llm_settings(),
     )
     service = RagService(settings, embedder=embedder)
     try:

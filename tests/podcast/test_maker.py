@@ -144,11 +144,7 @@ def test_an_llm_script_is_spoken_and_a_short_one_is_made_up(
     settings = Settings(
         RAG_DATA_DIR=data_dir,
         RAG_TECHNIQUES=TECHNIQUES,
-        LLM_PROVIDER="openai",
-        LLM_MODEL="fake-model",
-        LLM_API_KEY="sk-test",
-        LLM_BASE_URL=server.base_url,
-        LLM_MAX_RETRIES=0,
+        **server.llm_settings(),
     )
     service = RagService(settings, embedder=embedder)
     try:

@@ -440,11 +440,7 @@ def test_generate_false_and_true(crag_service: RagService) -> None:
 def _llm_service(tmp_path: Path, embedder: Embedder, server: FakeOpenAIServer) -> RagService:
     settings = Settings(
         RAG_DATA_DIR=tmp_path / "llm",
-        LLM_PROVIDER="openai",
-        LLM_MODEL="fake-model",
-        LLM_API_KEY="sk-test",
-        LLM_BASE_URL=server.base_url,
-        LLM_MAX_RETRIES=0,
+        **server.llm_settings(),
     )
     service = RagService(settings, embedder=embedder)
     service.ingest({"collection_id": "docs", "documents": DOCUMENTS + EXTRA})

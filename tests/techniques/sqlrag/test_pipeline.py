@@ -120,11 +120,7 @@ def fake_llm() -> Iterator[FakeOpenAIServer]:
 def llm_service(tmp_path: Path, embedder: Embedder, fake_llm: FakeOpenAIServer) -> Iterator[RagService]:
     settings = Settings(
         RAG_DATA_DIR=tmp_path / "llm",
-        LLM_PROVIDER="openai",
-        LLM_MODEL="fake-model",
-        LLM_API_KEY="sk-test",
-        LLM_BASE_URL=fake_llm.base_url,
-        LLM_MAX_RETRIES=0,
+        **fake_llm.llm_settings(),
     )
     service = RagService(settings, embedder=embedder)
     load_tables(service)
@@ -384,11 +380,7 @@ def postgres_llm_service(
         RAG_POSTGRES_URL=postgres_url,
         RAG_DATA_DIR=tmp_path / "postgres",
         RAG_TECHNIQUES="sqlrag",
-        LLM_PROVIDER="openai",
-        LLM_MODEL="fake-model",
-        LLM_API_KEY="sk-test",
-        LLM_BASE_URL=fake_llm.base_url,
-        LLM_MAX_RETRIES=0,
+        **fake_llm.llm_settings(),
     )
     service = RagService(settings, embedder=embedder)
     try:
