@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import ctypes.util
@@ -154,8 +155,13 @@ class Embedder:
         device: str = "cpu",
         backend: Backend = "auto",
         onnx_dir: Path | None = None,
+        export_onnx: bool = False,
     ) -> None:
         self.model_name = model_name
+        # EMBEDDING_ONNX_EXPORT: under auto, a start that finds no export serves on torch and writes one in
+        # the background, so the next start loads ONNX (an installed wheel ran no setup.sh to export it).
+        self.export_onnx = export_onnx
+        self.onnx_export: str | None = None  # None, "exporting", "exported: <path>" or "failed: <error>"
         self.batch_size = batch_size
         self.device = device
         self.backend_setting: Backend = backend
@@ -211,6 +217,11 @@ class Embedder:
                 self._load_torch(model_path)
                 self._dense = self._model
                 self.backend = "torch"
+                if self._should_export(model_path):
+                    self.onnx_export = "exporting"
+                    threading.Thread(
+                        target=self._export_in_background, args=(model_path,), name="onnx-export", daemon=True
+                    ).start()
             self.state = "ready"
             self.load_time_s = time.perf_counter() - started
             logger.info(
@@ -251,6 +262,34 @@ class Embedder:
             )
             raise ModelUnavailableError(msg)
         return found
+
+    def _should_export(self, model_path: str) -> bool:
+        return (
+            self.export_onnx
+            and self.backend_setting == "auto"
+            and self.device == "cpu"
+            and onnx_model.pooling_config(model_path)[1]
+            and onnx_model.find_export(model_path, self.onnx_dir) is None
+        )
+
+    def _export_in_background(self, model_path: str) -> None:
+        """Write the ONNX export for the next start, at the lowest CPU priority (queries come first)."""
+        started = time.perf_counter()
+        with contextlib.suppress(OSError, AttributeError):  # Linux: a thread's own nice value
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            path = onnx_model.export(model_path, self.onnx_dir)
+        except Exception as exc:  # a read-only prefix, a full disk: this start and the next stay on torch
+            self.onnx_export = f"failed: {type(exc).__name__}: {exc}"
+            logger.warning("ONNX export of %s failed; starts stay on torch: %s", self.model_name, exc)
+            return
+        self.onnx_export = f"exported: {path}"
+        logger.info(
+            "exported %s to ONNX in %.1fs (%s): the next start loads it",
+            self.model_name,
+            time.perf_counter() - started,
+            path,
+        )
 
     def _load_torch(self, model_path: str) -> None:
         """Load the sentence-transformers model (on the encode thread)."""

@@ -99,6 +99,7 @@ def create_encoder(settings: Settings) -> TextEncoder:
             device=settings.embedding_device,
             backend=settings.embedding_backend,
             onnx_dir=settings.embedding_onnx_dir,
+            export_onnx=settings.embedding_onnx_export,
         )
     encoder.start_loading()
     return encoder

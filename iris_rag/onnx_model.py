@@ -13,10 +13,13 @@ any other model keeps the torch backend.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ OPSET = 17
 EXPORT_FORMAT = 1  # bumped when the exported graph changes: older exports are then ignored
 FINGERPRINT_BYTES = 1 << 20  # of each weights file: its first and last MiB, with its size
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+STALE_PARTIAL_S = 3600  # an export takes about 30 s; a partial file this old belongs to a stopped one
 
 
 def default_export_root() -> Path:
@@ -120,8 +124,10 @@ def export(model_path: str | Path, root: Path | None = None) -> Path:
 
     example = model.tokenizer(["an example", "a longer example text"], padding=True, return_tensors="pt")
     axes = {0: "batch", 1: "sequence"}
-    # Written under a temporary name and renamed: a reader never sees half a file.
-    partial = folder / f"{ONNX_FILE}.partial"
+    # Written under a name of this process's own and renamed: a reader never sees half a file, and two
+    # processes exporting at once (two first starts) never write into one file.
+    _remove_stale_partials(folder)
+    partial = folder / f"{ONNX_FILE}.{os.getpid()}.partial"
     with torch.inference_mode():
         torch.onnx.export(
             LastHiddenState(),
@@ -135,8 +141,18 @@ def export(model_path: str | Path, root: Path | None = None) -> Path:
         )
     partial.replace(folder / ONNX_FILE)
     manifest = {"model": str(model_path), "format": EXPORT_FORMAT, "opset": OPSET, "torch": torch.__version__}
-    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    partial_manifest = folder / f"{MANIFEST_FILE}.{os.getpid()}.partial"
+    partial_manifest.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    partial_manifest.replace(folder / MANIFEST_FILE)
     return folder / ONNX_FILE
+
+
+def _remove_stale_partials(folder: Path) -> None:
+    """Files left by an export whose process was stopped mid-way (a short first session), after an hour."""
+    for path in folder.glob("*.partial"):
+        with contextlib.suppress(OSError):
+            if time.time() - path.stat().st_mtime > STALE_PARTIAL_S:
+                path.unlink()
 
 
 class OnnxModel:

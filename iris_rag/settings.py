@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     # auto: ONNX Runtime when the model was exported at install time (scripts/setup.sh), else torch.
     embedding_backend: Literal["auto", "onnx", "torch"] = Field("auto", validation_alias="EMBEDDING_BACKEND")
     embedding_onnx_dir_setting: str = Field("", validation_alias="EMBEDDING_ONNX_DIR")
+    # auto finding no export: serve on torch and export in the background for the next start.
+    embedding_onnx_export: bool = Field(True, validation_alias="EMBEDDING_ONNX_EXPORT")
 
     # NodeRAG's sentence vectors: embedded apart (title > headings + sentence), or pooled from the chunk's own
     # forward pass when rag_colbert is served (faster ingest; docs/benchmarks.md, issue 15).

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -201,3 +202,44 @@ def test_export_command_writes_a_loadable_export_once(tmp_path: Path, onnx_embed
     exported.load()
     text = "Insulin resistance precedes type 2 diabetes."
     assert 1 - float(exported.encode_query(text) @ onnx_embedder.encode_query(text)) < 1e-6
+
+
+def _wait_for_export(embedder: Embedder, timeout_s: float = 300) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while embedder.onnx_export == "exporting" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return embedder.onnx_export
+
+
+def test_a_start_without_an_export_serves_on_torch_and_exports_for_the_next(
+    tmp_path: Path, onnx_embedder: Embedder
+) -> None:
+    """EMBEDDING_ONNX_EXPORT (an installed wheel ran no setup.sh): a first start exports in the background."""
+    first = Embedder(PACKAGED_MODEL_NAME, onnx_dir=tmp_path / "onnx", export_onnx=True)
+    first.load()
+    assert first.backend == "torch" and first.onnx_export == "exporting"
+    text = "Mitochondria are the powerhouse of the cell."
+    served = first.encode_query(text)  # answers on torch while the export runs
+    state = _wait_for_export(first)
+    assert state is not None and state.startswith("exported: "), state
+    assert not list((tmp_path / "onnx").rglob("*.partial")), "the export renames its files into place"
+
+    second = Embedder(PACKAGED_MODEL_NAME, onnx_dir=tmp_path / "onnx", export_onnx=True)
+    second.load()
+    assert second.backend == "onnx" and second.onnx_export is None, "the next start loads the export"
+    assert 1 - float(second.encode_query(text) @ served) < 1e-4
+    assert 1 - float(second.encode_query(text) @ onnx_embedder.encode_query(text)) < 1e-6
+
+
+def test_a_failed_background_export_keeps_serving_on_torch(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "onnx"
+    not_a_folder.write_text("a file where the export folder would go")
+    embedder = Embedder(PACKAGED_MODEL_NAME, onnx_dir=not_a_folder, export_onnx=True)
+    embedder.load()
+    state = _wait_for_export(embedder)
+    assert state is not None and state.startswith("failed: "), state
+    assert embedder.backend == "torch" and embedder.encode_query("still serving").shape == (384,)
+
+
+def test_no_background_export_unless_asked(torch_embedder: Embedder) -> None:
+    assert torch_embedder.backend == "torch" and torch_embedder.onnx_export is None

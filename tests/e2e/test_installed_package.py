@@ -36,6 +36,7 @@ DOCUMENTS = [
     {"id": "alps", "title": "Alps", "content": "Mont Blanc is the highest mountain of the Alps, at 4,806 m."},
 ]
 INSTALL_TIMEOUT_S = 900
+EXPORT_TIMEOUT_S = 300
 CALL_TIMEOUT_S = 180  # the first ingest also loads the embedding model in a cold environment
 
 
@@ -137,7 +138,14 @@ async def test_installed_command_serves_mcp_from_any_directory(venv: Path, tmp_p
             "options": {"top_k": 2},
         }
         answer = await _call(session, "rag_basic", query)
+        # No setup.sh ran here: this first start serves on torch and exports ONNX for the next one.
+        first_backend, export = await _embedder(session)
+        deadline = time.monotonic() + EXPORT_TIMEOUT_S
+        while export == "exporting" and time.monotonic() < deadline:
+            await anyio.sleep(1)
+            _, export = await _embedder(session)
 
+    assert first_backend == "torch" and export is not None and export.startswith("exported: "), export
     assert answer["retrieved_documents"][0]["id"] == "seine"
     assert {doc["id"] for doc in answer["retrieved_documents"]} <= {"seine", "alps"}
     assert "[1]" in answer["answer"] and "Seine" in answer["answer"]
@@ -145,6 +153,18 @@ async def test_installed_command_serves_mcp_from_any_directory(venv: Path, tmp_p
     assert (xdg / "iris-rag" / "iris_rag.sqlite3").is_file()
     assert not (workdir / "data").exists()
     assert stray == []
+
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        with anyio.fail_after(CALL_TIMEOUT_S):
+            await session.initialize()
+        await _call(session, "rag_basic", query)
+        assert (await _embedder(session))[0] == "onnx", "the second start loads the export"
+
+
+async def _embedder(session: ClientSession) -> tuple[str | None, str | None]:
+    health = await _call(session, "rag_health_check", {"include_details": True})
+    details = health["components"]["embedding_service"]["details"]
+    return details.get("backend"), details.get("onnx_export")
 
 
 async def _call(session: ClientSession, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
