@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from iris_rag.backends.sqlite.filters import json_path, to_sql
+from iris_rag.backends.sqlite.filters import json_path, register_functions, to_sql
 from iris_rag.backends.sqlite.vectors import Batch, VectorMatrix
 from iris_rag.cancellation import check_cancelled
 from iris_rag.stores.base import (
@@ -387,6 +387,7 @@ class SqliteStore:
                 self.path, timeout=30.0, isolation_level=None, check_same_thread=False
             )
             connection.row_factory = sqlite3.Row
+            register_functions(connection)
             connection.execute("PRAGMA journal_mode = WAL")
             connection.execute("PRAGMA synchronous = NORMAL")
             connection.execute("PRAGMA foreign_keys = ON")
