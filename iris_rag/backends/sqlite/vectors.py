@@ -87,7 +87,7 @@ class InvertedLists:
     def train(cls, rows: npt.NDArray[np.float32], capacity: int) -> InvertedLists:
         """Spherical k-means over a sample of the (unit) rows, about sqrt(rows) lists; every row assigned."""
         count = rows.shape[0]
-        lists = max(16, int(np.sqrt(count)))
+        lists = min(count, max(16, int(np.sqrt(count))))
         rng = np.random.default_rng(TRAIN_SEED)
         sample_size = min(count, lists * TRAIN_ROWS_PER_LIST)
         sample = rows[np.sort(rng.choice(count, sample_size, replace=False))]
