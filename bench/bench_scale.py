@@ -17,9 +17,13 @@ Then, in a fresh process per backend (`--phase query`), so memory and the cold s
   test queries, through RagService.execute in process (no MCP transport);
 - the keyword leg alone (store.keyword_search, top 50, multifield and flat scoring) and the vector leg
   alone (store.vector_search, top 100, the query already embedded);
+- where each warm call's time goes (`steps_ms`): the query encode, the store's calls (vector leg,
+  keyword leg, exact scores of keyword-only hits, chunk fetch, the collection lookup), each timed around
+  the call, p50/p95 per technique;
 - a one-document ingest (through the real ingestor: chunking and embedding) followed by one query, in
   rounds: the ingest's time and that query's time, against the warm figures above;
-- Postgres: HNSW recall@10 of store.vector_search against exact search (NumPy over the same vectors).
+- recall@10 of store.vector_search against exact search (NumPy over the same vectors): Postgres's HNSW,
+  SQLite's inverted file (from 20K chunks).
 
     .venv/bin/python -m bench.bench_scale [--chunks 100000] [--backends sqlite,postgres]
         [--queries-limit 200] [--postgres-url URL] [--out FILE]
@@ -34,6 +38,7 @@ kept under bench/.data/scale/postgres unless --postgres-url names another.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import resource
@@ -41,6 +46,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +205,44 @@ def rss_mb() -> float:
 CPU_MS: dict[str, list[float]] = {}
 
 
+# Milliseconds of each step inside the timed calls, by technique then step (steps_ms).
+STEPS_MS: dict[str, dict[str, list[float]]] = {}
+STORE_STEPS = {
+    "get_collection": "collection lookup",
+    "vector_search": "vector leg",
+    "keyword_search": "keyword leg",
+    "vector_scores": "exact scores of keyword-only hits",
+    "get_chunks": "chunk fetch",
+    "term_document_counts": "vocabulary (fuzzy repair)",
+}
+
+
+def time_steps(service: RagService) -> dict[str, list[float]]:
+    """Wrap the store's calls and the query encode with timers; returns the live per-step samples.
+
+    Point STEPS_MS at a technique's dict (steps.clear() between techniques) to split them.
+    """
+    steps: dict[str, list[float]] = {}
+
+    def timed(owner: Any, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        @functools.wraps(inner)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                steps.setdefault(label, []).append((time.perf_counter() - start) * 1000)
+
+        setattr(owner, name, wrapper)
+
+    for name, label in STORE_STEPS.items():
+        timed(service.store, name, label)
+    timed(service.embedder, "encode_query", "query encode")
+    return steps
+
+
 def call(service: RagService, technique: str, query: str, collection: str, label: str = "") -> float:
     """Milliseconds for one call (top 5, no answer generation); its CPU time kept under `label`."""
     arguments = {"query": query, "collection_id": collection, "options": {"top_k": 5, "generate": False}}
@@ -209,6 +253,19 @@ def call(service: RagService, technique: str, query: str, collection: str, label
         CPU_MS.setdefault(label, []).append((time.process_time() - cpu) * 1000)
     assert result["success"], result
     return elapsed
+
+
+@contextmanager
+def exact_search() -> Iterator[None]:
+    """SQLite's exact scan for every size while inside (its inverted file left unused, not dropped)."""
+    from iris_rag.backends.sqlite import vectors
+
+    threshold = vectors.ANN_MIN_ROWS
+    vectors.ANN_MIN_ROWS = sys.maxsize
+    try:
+        yield
+    finally:
+        vectors.ANN_MIN_ROWS = threshold
 
 
 def exact_top10(chunks: int, queries: npt.NDArray[np.float32]) -> list[list[str]]:
@@ -242,11 +299,32 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
             for query in queries[1:6]:
                 call(service, technique, query, collection)
         samples: dict[str, list[float]] = {technique: [] for technique in TECHNIQUES}
+        exact_basic: dict[str, list[float]] = {}
+        steps = time_steps(service)
         for query in queries:
             for technique in TECHNIQUES:
+                steps.clear()
                 samples[technique].append(call(service, technique, query, collection, f"rag_{technique}"))
+                for label, values in steps.items():
+                    STEPS_MS.setdefault(f"rag_{technique}", {}).setdefault(label, []).extend(values)
+            if backend == "sqlite":
+                # The same query again (its vector now remembered, so no encode) through the inverted
+                # file and through the exact scan, in alternating order: a same-run ratio of the two.
+                modes = ["inverted_file", "exact_scan"]
+                for mode in modes if len(samples["basic"]) % 2 == 0 else modes[::-1]:
+                    with exact_search() if mode == "exact_scan" else nullcontext():
+                        elapsed = call(service, "basic", query, collection, f"rag_basic_again_{mode}")
+                    exact_basic.setdefault(mode, []).append(elapsed)
+        steps.clear()
         for technique in TECHNIQUES:
             result[f"rag_{technique}_warm_ms"] = percentiles(samples[technique])
+        for mode, values in exact_basic.items():
+            result[f"rag_basic_again_{mode}_warm_ms"] = percentiles(values)
+        # Hybrid encodes the query on another thread while its keyword leg runs: steps overlap there.
+        result["steps_ms"] = {
+            technique: {label: percentiles(values) for label, values in by_step.items()}
+            for technique, by_step in STEPS_MS.items()
+        }
         keyword: dict[str, Any] = {}
         for scoring in ("multifield", "flat"):
             timings = []
@@ -258,15 +336,19 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
             keyword[scoring] = percentiles(timings)
         result["keyword_leg_top50_ms"] = keyword
         vectors = [service.embedder.encode_query(query) for query in queries]
-        dense = []
+        dense: dict[str, list[float]] = {}
         for vector in vectors:
-            start, cpu = time.perf_counter(), time.process_time()
-            service.store.vector_search(collection, vector, 100)
-            dense.append((time.perf_counter() - start) * 1000)
-            CPU_MS.setdefault("vector_leg_top100", []).append((time.process_time() - cpu) * 1000)
-        result["vector_leg_top100_ms"] = percentiles(dense)
-        if backend == "postgres":
-            result["hnsw_recall_at_10"] = recall(service, chunks, queries[:RECALL_QUERIES], collection)
+            for label in ("vector_leg_top100", "vector_leg_top100_exact_scan"):
+                if label.endswith("exact_scan") and backend != "sqlite":
+                    continue
+                with exact_search() if label.endswith("exact_scan") else nullcontext():
+                    start, cpu = time.perf_counter(), time.process_time()
+                    service.store.vector_search(collection, vector, 100)
+                    dense.setdefault(label, []).append((time.perf_counter() - start) * 1000)
+                    CPU_MS.setdefault(label, []).append((time.process_time() - cpu) * 1000)
+        for label, values in dense.items():
+            result[f"{label}_ms"] = percentiles(values)
+        result["vector_recall_at_10"] = recall(service, chunks, queries[:RECALL_QUERIES], collection)
         result["after_one_document_ingest"] = after_ingest(service, queries, collection)
         result["cpu_ms_per_call"] = {label: percentiles(values) for label, values in CPU_MS.items()}
         result["rss_mb_end"] = rss_mb()
@@ -277,7 +359,7 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
 
 
 def recall(service: RagService, chunks: int, queries: list[str], collection: str) -> dict[str, Any]:
-    """HNSW top 10 (store.vector_search, as rag_basic asks it) against the exact top 10."""
+    """The ANN top 10 (store.vector_search, as rag_basic asks it) against the exact top 10."""
     vectors = np.stack([service.embedder.encode_query(q) for q in queries]).astype(np.float32)
     exact = exact_top10(chunks, vectors)
     found = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -35,6 +36,61 @@ class MetadataFilter:
         return list(dict.fromkeys(c.field for c in self.conditions))
 
 
+def json_kind(value: Any) -> str:
+    """The JSON type of a decoded value: boolean, number, string, null, array or object."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    return "array" if isinstance(value, list | tuple) else "object"
+
+
+def json_equal(left: Any, right: Any) -> bool:
+    """Equality of two JSON values as PostgreSQL's jsonb compares them (every store's eq and `in`)."""
+    kind = json_kind(left)
+    if kind != json_kind(right):
+        return False
+    if kind == "array":
+        return len(left) == len(right) and all(json_equal(a, b) for a, b in zip(left, right, strict=True))
+    if kind == "object":
+        return left.keys() == right.keys() and all(json_equal(left[k], right[k]) for k in left)
+    return bool(left == right)
+
+
+# Integers a filter may hold: what SQLite binds (64-bit); past that no store could match them alike.
+_INT_LIMIT = 2**63 - 1
+
+
+def _check_json(field: str, value: Any) -> None:
+    """A filter value must be JSON: finite numbers, 64-bit integers, strings, booleans, null, lists, dicts."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int):
+        if abs(value) > _INT_LIMIT:
+            msg = f"filter {field}: the integer {value} is out of range (at most 2^63 - 1 in magnitude)"
+            raise InvalidParametersError(msg)
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            msg = f"filter {field}: {value!r} is not a JSON number"
+            raise InvalidParametersError(msg)
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            _check_json(field, item)
+        return
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        for item in value.values():
+            _check_json(field, item)
+        return
+    msg = f"filter {field}: {value!r} is not a JSON value"
+    raise InvalidParametersError(msg)
+
+
 def _is_iso_date(value: str) -> bool:
     try:
         (datetime if "T" in value or " " in value else date).fromisoformat(value)
@@ -43,9 +99,19 @@ def _is_iso_date(value: str) -> bool:
     return True
 
 
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer past the float range
+        return False
+
+
 def _range_value(field: str, operator: str, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         msg = f"filter {field}.{operator} needs a number or an ISO date, got {value!r}"
+        raise InvalidParametersError(msg)
+    if not isinstance(value, str) and not _finite(value):
+        msg = f"filter {field}.{operator} needs a finite number, got {value!r}"
         raise InvalidParametersError(msg)
     if isinstance(value, str) and not _is_iso_date(value):
         msg = f"filter {field}.{operator}: {value!r} is not an ISO 8601 date (YYYY-MM-DD[THH:MM:SS])"
@@ -66,6 +132,7 @@ def parse_filters(raw: dict[str, Any] | None) -> MetadataFilter | None:
             if isinstance(spec, list):
                 msg = f"filter {field}: use {{'in': [...]}} to match any of several values"
                 raise InvalidParametersError(msg)
+            _check_json(field, spec)
             conditions.append(Condition(field, "eq", spec))
             continue
         if not spec:
@@ -76,6 +143,7 @@ def parse_filters(raw: dict[str, Any] | None) -> MetadataFilter | None:
                 if not isinstance(value, list) or not value:
                     msg = f"filter {field}.in needs a non-empty list"
                     raise InvalidParametersError(msg)
+                _check_json(field, value)
                 conditions.append(Condition(field, "in", tuple(value)))
             elif operator in RANGE_OPERATORS:
                 conditions.append(Condition(field, operator, _range_value(field, operator, value)))

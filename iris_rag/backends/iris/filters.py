@@ -12,7 +12,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from iris_rag.stores.filters import Condition, MetadataFilter
+from iris_rag.stores.filters import Condition, MetadataFilter, json_equal, json_kind
 
 _MISSING = object()
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
@@ -21,30 +21,6 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "lt": operator.lt,
     "lte": operator.le,
 }
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if value is None:
-        return "null"
-    return "array" if isinstance(value, list | tuple) else "object"
-
-
-def json_equal(left: Any, right: Any) -> bool:
-    """Equality of two JSON values as PostgreSQL's jsonb compares them."""
-    kind = _kind(left)
-    if kind != _kind(right):
-        return False
-    if kind in ("array",):
-        return len(left) == len(right) and all(json_equal(a, b) for a, b in zip(left, right, strict=True))
-    if kind == "object":
-        return left.keys() == right.keys() and all(json_equal(left[k], right[k]) for k in left)
-    return bool(left == right)
 
 
 def _holds(metadata: dict[str, Any], condition: Condition) -> bool:
@@ -58,7 +34,7 @@ def _holds(metadata: dict[str, Any], condition: Condition) -> bool:
     compare = _COMPARE[condition.operator]
     if isinstance(condition.value, str):
         return isinstance(value, str) and compare(value, condition.value)
-    return _kind(value) == "number" and compare(float(value), float(condition.value))
+    return json_kind(value) == "number" and compare(float(value), float(condition.value))
 
 
 def matches(metadata: dict[str, Any], metadata_filter: MetadataFilter | None) -> bool:

@@ -1,12 +1,26 @@
-"""Metadata filters compiled to SQLite: json_extract over the documents' JSON metadata column."""
+"""Metadata filters compiled to SQLite: json_type and json_extract over the documents' JSON metadata column.
+
+The semantics are PostgreSQL's (jsonb), so both stores return the same documents for the same filter: eq is
+JSON equality (2020 matches 2020 and 2020.0, true only true, "2020" only the string, null only null), `in`
+is any of its values (objects and arrays compared as JSON values), and a range compares strings (ISO
+dates) as text and numbers as numbers, each only against stored values of its own JSON type. SQLite alone
+would compare true equal to 1 (json_extract gives 1) and order any string above any number.
+"""
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
-from iris_rag.stores.filters import MetadataFilter
+import orjson
 
-_SQL = {"eq": "=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+from iris_rag.stores.filters import Condition, MetadataFilter, json_equal
+
+_SQL = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+# SQLite's json_type names of the JSON types a filter value can have.
+_NUMBER = "('integer', 'real')"
+# The SQL function testing a stored compound value (object or array) against a JSON array of candidates.
+JSON_IN_FUNCTION = "rag_json_in"
 
 
 def json_path(field: str) -> str:
@@ -14,22 +28,70 @@ def json_path(field: str) -> str:
     return f'$."{field}"'
 
 
+def _json_in(stored: str | None, candidates: str) -> int:
+    """1 when a stored compound value (JSON text) equals one of the candidates (a JSON array), as jsonb."""
+    if stored is None:
+        return 0
+    value = orjson.loads(stored)
+    return int(any(json_equal(value, wanted) for wanted in orjson.loads(candidates)))
+
+
+def register_functions(connection: sqlite3.Connection) -> None:
+    """Give a connection the SQL functions filters use (every connection of the store gets them)."""
+    connection.create_function(JSON_IN_FUNCTION, 2, _json_in, deterministic=True)
+
+
 def to_sql(metadata_filter: MetadataFilter, column: str = "d.metadata") -> tuple[str, list[Any]]:
     """A WHERE fragment (AND of every condition) over a JSON metadata column, with its parameters."""
     clauses: list[str] = []
     parameters: list[Any] = []
     for condition in metadata_filter.conditions:
-        extract = f"json_extract({column}, ?)"
-        parameters.append(json_path(condition.field))
-        if condition.operator == "in":
-            clauses.append(f"{extract} IN ({','.join('?' * len(condition.value))})")
-            parameters.extend(_sql_value(v) for v in condition.value)
-        else:
-            clauses.append(f"{extract} {_SQL[condition.operator]} ?")
-            parameters.append(_sql_value(condition.value))
+        clause, values = _condition(column, condition)
+        clauses.append(clause)
+        parameters.extend(values)
     return " AND ".join(clauses), parameters
 
 
-def _sql_value(value: Any) -> Any:
-    # json_extract gives JSON true/false as 1/0.
-    return int(value) if isinstance(value, bool) else value
+def _condition(column: str, condition: Condition) -> tuple[str, list[Any]]:
+    path = json_path(condition.field)
+    kind = f"json_type({column}, ?)"
+    value = f"json_extract({column}, ?)"
+    if condition.operator in _SQL:
+        operator = _SQL[condition.operator]
+        if isinstance(condition.value, str):  # ISO dates compare as text, strings only
+            return f"(CASE WHEN {kind} = 'text' THEN {value} END) {operator} ?", [path, path, condition.value]
+        typed = f"(CASE WHEN {kind} IN {_NUMBER} THEN {value} END) {operator} ?"
+        return typed, [path, path, float(condition.value)]
+    wanted = condition.value if condition.operator == "in" else (condition.value,)
+    return _any_of(column, path, list(wanted))
+
+
+def _any_of(column: str, path: str, wanted: list[Any]) -> tuple[str, list[Any]]:
+    """The stored value equals one of `wanted` (JSON equality); one test per JSON type present."""
+    kind = f"json_type({column}, ?)"
+    value = f"json_extract({column}, ?)"
+    numbers = [v for v in wanted if isinstance(v, int | float) and not isinstance(v, bool)]
+    strings = [v for v in wanted if isinstance(v, str)]
+    literals = sorted(
+        {
+            "true" if v is True else "false" if v is False else "null"
+            for v in wanted
+            if v is None or v is True or v is False
+        }
+    )
+    compound = [v for v in wanted if isinstance(v, dict | list | tuple)]
+    tests: list[str] = []
+    parameters: list[Any] = []
+    if numbers:
+        tests.append(f"({kind} IN {_NUMBER} AND {value} IN ({','.join('?' * len(numbers))}))")
+        parameters += [path, path, *numbers]
+    if strings:
+        tests.append(f"({kind} = 'text' AND {value} IN ({','.join('?' * len(strings))}))")
+        parameters += [path, path, *strings]
+    if literals:
+        tests.append(f"{kind} IN ({','.join('?' * len(literals))})")
+        parameters += [path, *literals]
+    if compound:
+        tests.append(f"({kind} IN ('object', 'array') AND {JSON_IN_FUNCTION}({value}, ?))")
+        parameters += [path, path, orjson.dumps(compound).decode()]
+    return "(" + " OR ".join(tests) + ")", parameters
