@@ -1,0 +1,410 @@
+"""Offline fusion experiments for rag_hybrid_ifind on a BEIR split: collect each leg once, fuse many ways.
+
+    RAG_DATA_DIR=data .venv/bin/python -m bench.quality_fusion collect --dataset ../shared/data/scifact \
+        --split train --out /tmp/quality_train.pkl
+    .venv/bin/python -m bench.quality_fusion score /tmp/quality_train.pkl
+
+`collect` runs the legs the way the technique does (the store's exact cosine top `--pool` chunks, its
+flat BM25 top `--pool`, the exact cosine of every keyword-only candidate) and, for comparison, legs that
+the technique does not run today: ColBERT's MaxSim over the union (the colbert pipeline's own token
+selection and threshold), a second BM25 query expanded by RM3 pseudo-relevance feedback (the store's
+keyword search with term weights), and a Rocchio-expanded dense query. It pickles every candidate's
+scores. `score` fuses them into document rankings under each variant and scores them with the harness's
+pytrec_eval measures (nDCG@10, Recall@100). The collection must exist (build it with `iris-rag eval`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pickle
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from iris_rag.evaluation.beir import BeirDataset, load_beir
+from iris_rag.evaluation.metrics import score_run
+from iris_rag.retrieval.fusion import min_max
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+from iris_rag.stores.base import KeywordQuery
+from iris_rag.text import STOPWORDS, query_terms, stem
+
+Floats = npt.NDArray[np.float32]
+
+
+@dataclass
+class QueryLegs:
+    """One query's candidates: every leg's score by chunk id (a leg that did not return it: absent)."""
+
+    dense: dict[str, float]  # exact cosine of every candidate of any leg
+    dense_top: list[str]  # the dense leg's top pool, best first
+    keyword: dict[str, float]  # flat BM25 top pool
+    rm3: dict[str, float] = field(default_factory=dict)  # BM25 of the RM3-expanded query, top pool
+    rocchio: dict[str, float] = field(default_factory=dict)  # cosine with the Rocchio query, top pool
+    colbert: dict[str, float] = field(default_factory=dict)  # MaxSim / query tokens, every candidate
+
+    @property
+    def dense_top_set(self) -> set[str]:
+        """The dense leg's own candidates."""
+        return set(self.dense_top)
+
+
+@dataclass
+class Collected:
+    """Every query's legs and the chunk → document map."""
+
+    split: str
+    pool: int
+    queries: dict[str, QueryLegs]
+    document_of: dict[str, str]
+
+
+# RM3 with Anserini's defaults (fbDocs 10, fbTerms 10, originalQueryWeight 0.5).
+RM3_DOCS, RM3_TERMS, RM3_ORIGINAL = 10, 10, 0.5
+# Integer term weights (the store's KeywordQuery): the largest weight a term can get.
+RM3_SCALE = 10
+# Rocchio on the dense query: q + beta * mean of the top docs' vectors (Li et al. 2021's dense PRF).
+ROCCHIO_DOCS, ROCCHIO_BETA = 3, 0.5
+
+
+def _rm3_query(
+    terms: list[str],
+    feedback: list[tuple[str, float]],
+    vocabulary: Mapping[str, int],
+    total_chunks: int,
+) -> dict[str, int]:
+    """RM3: P(w|R) = sum over feedback chunks of P(w|d) x P(d|q), interpolated with the query's terms.
+
+    P(d|q) is the chunk's BM25 score normalized over the feedback set (Anserini uses the query
+    likelihood; a score-proportional weight is the usual BM25 variant). Terms are stems, stopwords out,
+    and terms in more than a tenth of the chunks are skipped (Anserini's RM3 filters by df the same way).
+    """
+    weights: dict[str, float] = {}
+    total = sum(score for _, score in feedback) or 1.0
+    for text, score in feedback:
+        stems = [stem(t) for t in re.findall(r"\w+", text.lower()) if t not in STOPWORDS and not t.isdigit()]
+        if not stems:
+            continue
+        counts = Counter(stems)
+        for term, count in counts.items():
+            if vocabulary.get(term, 0) > total_chunks / 10:
+                continue
+            weights[term] = weights.get(term, 0.0) + (count / len(stems)) * (score / total)
+    expansion = dict(sorted(weights.items(), key=lambda item: (-item[1], item[0]))[:RM3_TERMS])
+    mass = sum(expansion.values()) or 1.0
+    query_stems = [stem(t) for t in terms]
+    combined: dict[str, float] = {}
+    for term in query_stems:
+        combined[term] = combined.get(term, 0.0) + RM3_ORIGINAL / len(query_stems)
+    for term, weight in expansion.items():
+        combined[term] = combined.get(term, 0.0) + (1 - RM3_ORIGINAL) * weight / mass
+    best = max(combined.values())
+    return {t: max(1, round(RM3_SCALE * w / best)) for t, w in combined.items()}
+
+
+def collect(
+    service: RagService, dataset: BeirDataset, collection_id: str, pool: int, *, colbert: bool
+) -> Collected:
+    """Every leg of every query, as the store and the pipelines compute them."""
+    store = service.store
+    collection = store.get_collection(collection_id)
+    if collection is None:
+        sys.exit(f"no collection {collection_id!r}: build it with iris-rag eval first")
+    service.embedder.wait_ready()
+    vocabulary = store.term_document_counts(collection_id)
+    total_chunks = store.chunk_count(collection_id)
+    document_of: dict[str, str] = {}
+    texts: dict[str, str] = {}
+    colbert_pipeline: Any = service.pipelines.get("colbert") if colbert else None
+    idf = colbert_pipeline._collection_idf(collection) if colbert_pipeline else None
+    results: dict[str, QueryLegs] = {}
+    started = time.perf_counter()
+
+    def remember(chunk_ids: list[str]) -> None:
+        unknown = [c for c in chunk_ids if c not in document_of]
+        for chunk in store.get_chunks(collection_id, unknown):
+            document_of[chunk.chunk_id] = chunk.document_id
+            texts[chunk.chunk_id] = f"{chunk.title} {chunk.content}"
+
+    for number, (query_id, query) in enumerate(dataset.queries.items(), start=1):
+        vector = service.embedder.encode_query(query)
+        terms = query_terms(query)
+        dense_hits = store.vector_search(collection_id, vector, pool)
+        keyword_hits = store.keyword_search(collection_id, KeywordQuery.of(terms), pool) if terms else []
+        legs = QueryLegs(
+            dense={h.chunk_id: h.score for h in dense_hits},
+            dense_top=[h.chunk_id for h in dense_hits],
+            keyword={h.chunk_id: h.score for h in keyword_hits},
+        )
+        remember([h.chunk_id for h in keyword_hits[:RM3_DOCS]])
+        if keyword_hits:
+            feedback = [(texts[h.chunk_id], h.score) for h in keyword_hits[:RM3_DOCS]]
+            expanded = KeywordQuery(_rm3_query(terms, feedback, vocabulary, total_chunks))
+            legs.rm3 = {h.chunk_id: h.score for h in store.keyword_search(collection_id, expanded, pool)}
+        top_vectors = store.chunk_vectors(collection_id, legs.dense_top[:ROCCHIO_DOCS])
+        if top_vectors:
+            moved = vector + ROCCHIO_BETA * np.mean(list(top_vectors.values()), axis=0)
+            moved = (moved / np.linalg.norm(moved)).astype(np.float32)
+            legs.rocchio = {h.chunk_id: h.score for h in store.vector_search(collection_id, moved, pool)}
+        candidates = list(legs.dense.keys() | legs.keyword.keys() | legs.rm3.keys() | legs.rocchio.keys())
+        missing = [c for c in candidates if c not in legs.dense]
+        legs.dense.update(store.vector_scores(collection_id, vector, missing))
+        remember(candidates)
+        if colbert_pipeline is not None:
+            legs.colbert = _colbert_scores(colbert_pipeline, collection, query, candidates, idf)
+        results[query_id] = legs
+        if number % 100 == 0:
+            rate = number / (time.perf_counter() - started)
+            print(f"collect: {number}/{len(dataset.queries)} queries, {rate:.1f}/s", file=sys.stderr)
+    return Collected(dataset.split, pool, results, document_of)
+
+
+def _colbert_scores(
+    pipeline: Any, collection: Any, query: str, chunk_ids: list[str], idf: Any
+) -> dict[str, float]:
+    """The colbert pipeline's normalized interaction (MaxSim / query tokens) of each candidate."""
+    from iris_rag.techniques.colbert.pipeline import ColbertParams, _Candidate, _select_tokens, batch_maxsim
+
+    params = ColbertParams()
+    encoding = pipeline.encoder.encode_query(query, max_length=params.max_query_length).result()
+    stored = pipeline.index.load(collection.id, chunk_ids)
+    candidates = [_Candidate(c, 0.0, stored.get(c)) for c in chunk_ids]
+    for candidate in candidates:
+        _select_tokens(candidate, params.compression_ratio, idf)
+    rows = encoding.tokens.vectors
+    raw = batch_maxsim(rows, [c.vectors for c in candidates], params.interaction_threshold)
+    count = max(rows.shape[0], 1)
+    return {c.chunk_id: float(s) / count for c, s in zip(candidates, raw, strict=True)}
+
+
+# ---- fusion variants ---------------------------------------------------------------------------------
+
+Scores = dict[str, float]
+Variant = Callable[[QueryLegs, Mapping[str, str]], Scores]
+
+
+def _bm25_norm(scores: Mapping[str, float]) -> Scores:
+    best = max(scores.values(), default=0.0)
+    return {k: v / best if best > 0 else 0.0 for k, v in scores.items()}
+
+
+def _by_document(scores: Mapping[str, float], document_of: Mapping[str, str]) -> Scores:
+    """MaxP: each document at its best chunk's score."""
+    out: Scores = {}
+    for chunk_id, score in scores.items():
+        doc = document_of[chunk_id]
+        if score > out.get(doc, -math.inf):
+            out[doc] = score
+    return out
+
+
+def _restrict(scores: Mapping[str, float], keys: Any) -> Scores:
+    return {k: scores[k] for k in keys if k in scores}
+
+
+def fused(
+    legs: list[tuple[float, Scores, str]], document_of: Mapping[str, str], *, document_level: bool
+) -> Scores:
+    """sum of weight x normalized leg; norm 'bm25' (divide by best), 'minmax', 'z', 'cos' (raw cosine)."""
+    if document_level:
+        legs = [(w, _by_document(s, document_of), n) for w, s, n in legs]
+    total: Scores = {}
+    for weight, scores, norm in legs:
+        if not scores or weight == 0:
+            continue
+        if norm == "bm25":
+            normed = _bm25_norm(scores)
+        elif norm == "minmax":
+            normed = min_max(scores)
+        elif norm == "z":
+            values = np.array(list(scores.values()))
+            mean, std = float(values.mean()), float(values.std()) or 1.0
+            normed = {k: (v - mean) / std for k, v in scores.items()}
+            floor = min(normed.values())
+            normed = {k: v - floor for k, v in normed.items()}
+        else:
+            normed = dict(scores)
+        for key, value in normed.items():
+            total[key] = total.get(key, 0.0) + weight * value
+    return total
+
+
+def rrf(rankings: list[tuple[float, list[str]]], k: int = 60) -> Scores:
+    """Weighted reciprocal rank fusion over ranked id lists."""
+    out: Scores = {}
+    for weight, ranking in rankings:
+        for rank, key in enumerate(ranking, start=1):
+            out[key] = out.get(key, 0.0) + weight / (k + rank)
+    return out
+
+
+def ranked(scores: Mapping[str, float]) -> list[str]:
+    return sorted(scores, key=lambda k: (-scores[k], k))
+
+
+def documents(
+    chunk_scores: Mapping[str, float], document_of: Mapping[str, str], depth: int = 100
+) -> list[str]:
+    """Chunk ranking → document ranking at the best chunk (the harness's rule)."""
+    out: dict[str, None] = {}
+    for chunk_id in ranked(chunk_scores):
+        out.setdefault(document_of.get(chunk_id, chunk_id), None)
+        if len(out) >= depth:
+            break
+    return list(out)
+
+
+def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]:
+    """Every variant: name → a document ranking for one query."""
+
+    def today(q: QueryLegs, d: Mapping[str, str]) -> list[str]:
+        cands = q.dense_top_set | q.keyword.keys()
+        dense = _restrict(q.dense, cands)
+        return documents(
+            fused([(0.5, dense, "minmax"), (0.5, q.keyword, "bm25")], d, document_level=False), d
+        )
+
+    def make(
+        weights: dict[str, float],
+        *,
+        doc: bool = False,
+        dense_norm: str = "minmax",
+        kw: str = "keyword",
+        cand_legs: tuple[str, ...] = ("dense", "keyword"),
+    ) -> Callable[[QueryLegs, Mapping[str, str]], list[str]]:
+        def run(q: QueryLegs, d: Mapping[str, str]) -> list[str]:
+            cands: set[str] = set()
+            for leg in cand_legs:
+                cands |= q.dense_top_set if leg == "dense" else set(getattr(q, leg).keys())
+            legs: list[tuple[float, Scores, str]] = []
+            for name, weight in weights.items():
+                if name == "dense":
+                    legs.append((weight, _restrict(q.dense, cands), dense_norm))
+                elif name == "colbert":
+                    legs.append((weight, _restrict(q.colbert, cands), dense_norm))
+                elif name == "rocchio_cos":
+                    legs.append((weight, _restrict(q.rocchio, cands), dense_norm))
+                else:
+                    legs.append((weight, _restrict(getattr(q, name), cands), "bm25"))
+            scores = fused(legs, d, document_level=doc)
+            if doc:
+                return ranked(scores)[:100]
+            return documents(scores, d)
+
+        return run
+
+    def rrf_variant(
+        names: tuple[str, ...], k: int = 60
+    ) -> Callable[[QueryLegs, Mapping[str, str]], list[str]]:
+        def run(q: QueryLegs, d: Mapping[str, str]) -> list[str]:
+            lists = []
+            for name in names:
+                scores = q.dense if name == "dense" else getattr(q, name)
+                if name == "dense":
+                    scores = _restrict(q.dense, q.dense_top_set)
+                lists.append((1.0, ranked(_by_document(scores, d))))
+            return ranked(rrf(lists, k))[:100]
+
+        return run
+
+    table: dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]] = {
+        "today (chunk, minmax+bm25/best, .5/.5)": today,
+        "doc-level MaxP, .5/.5": make({"dense": 0.5, "keyword": 0.5}, doc=True),
+        "dense alone": make({"dense": 1.0}),
+        "keyword alone": make({"keyword": 1.0}, cand_legs=("keyword",)),
+        "rm3 alone": make({"rm3": 1.0}, cand_legs=("rm3",)),
+        "rocchio alone": make({"rocchio_cos": 1.0}, cand_legs=("rocchio",)),
+        "dense + rm3 .5/.5": make({"dense": 0.5, "rm3": 0.5}, cand_legs=("dense", "rm3")),
+        "dense + rm3 .5/.5 doc": make({"dense": 0.5, "rm3": 0.5}, doc=True, cand_legs=("dense", "rm3")),
+        "rocchio + keyword .5/.5": make(
+            {"rocchio_cos": 0.5, "keyword": 0.5}, cand_legs=("rocchio", "keyword")
+        ),
+        "dense+kw+rm3 1/3": make(
+            {"dense": 1 / 3, "keyword": 1 / 3, "rm3": 1 / 3}, cand_legs=("dense", "keyword", "rm3")
+        ),
+        "rrf dense,kw": rrf_variant(("dense", "keyword")),
+        "rrf dense,kw,colbert": rrf_variant(("dense", "keyword", "colbert")),
+        "dense+kw+colbert 1/3": make({"dense": 1 / 3, "keyword": 1 / 3, "colbert": 1 / 3}),
+        "dense+kw+colbert 1/3 doc": make({"dense": 1 / 3, "keyword": 1 / 3, "colbert": 1 / 3}, doc=True),
+        "kw+colbert .5/.5": make({"keyword": 0.5, "colbert": 0.5}),
+        "dense+rm3+colbert 1/3": make(
+            {"dense": 1 / 3, "rm3": 1 / 3, "colbert": 1 / 3}, cand_legs=("dense", "rm3")
+        ),
+        "dense z + kw .5/.5": make({"dense": 0.5, "keyword": 0.5}, dense_norm="z"),
+        "dense raw cos + kw .5/.5": make({"dense": 0.5, "keyword": 0.5}, dense_norm="cos"),
+    }
+    for w in (0.3, 0.4, 0.6, 0.7):
+        table[f"dense {w} + kw {1 - w:.1f}"] = make({"dense": w, "keyword": 1 - w})
+        table[f"dense {w} + kw {1 - w:.1f} doc"] = make({"dense": w, "keyword": 1 - w}, doc=True)
+    return table
+
+
+def score(
+    data: Collected, qrels: dict[str, dict[str, int]], only: str | None = None
+) -> dict[str, dict[str, float]]:
+    """nDCG@10 and Recall@100 of every variant."""
+    report: dict[str, dict[str, float]] = {}
+    for name, variant in variants().items():
+        if only and only not in name:
+            continue
+        if "colbert" in name and not any(q.colbert for q in data.queries.values()):
+            continue
+        rankings = {
+            qid: [x for x in variant(legs, data.document_of) if x != qid]
+            for qid, legs in data.queries.items()
+        }
+        metrics = score_run({q: qrels[q] for q in data.queries}, rankings)
+        report[name] = {
+            "ndcg@10": round(metrics["ndcg@10"], 4),
+            "recall@100": round(metrics["recall@100"], 4),
+        }
+        print(f"{report[name]['ndcg@10']:.4f}  {report[name]['recall@100']:.4f}  {name}", flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("--dataset", type=Path, required=True)
+    c.add_argument("--split", default="train")
+    c.add_argument("--collection", default="eval-scifact")
+    c.add_argument("--pool", type=int, default=100)
+    c.add_argument("--limit", type=int, default=0)
+    c.add_argument("--colbert", action="store_true")
+    c.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("score")
+    s.add_argument("data", type=Path)
+    s.add_argument("--dataset", type=Path, default=Path("../shared/data/scifact"))
+    s.add_argument("--only")
+    args = parser.parse_args(argv)
+    if args.command == "collect":
+        dataset = load_beir(args.dataset, args.split)
+        if args.limit:
+            dataset = dataset.limited(args.limit)
+        service = RagService(Settings())
+        try:
+            data = collect(service, dataset, args.collection, args.pool, colbert=args.colbert)
+        finally:
+            service.close()
+        args.out.write_bytes(pickle.dumps(data))
+        return 0
+    data = pickle.loads(args.data.read_bytes())
+    dataset = load_beir(args.dataset, data.split)
+    score(data, dataset.qrels, args.only)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
