@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import math
 import pickle
-import re
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +31,11 @@ import numpy.typing as npt
 from iris_rag.evaluation.beir import BeirDataset, load_beir
 from iris_rag.evaluation.metrics import score_run
 from iris_rag.retrieval.fusion import min_max
+from iris_rag.retrieval.keyword import RM3_FEEDBACK_CHUNKS, rm3_expansion
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.stores.base import KeywordQuery
-from iris_rag.text import STOPWORDS, query_terms, stem
+from iris_rag.text import query_terms
 
 Floats = npt.NDArray[np.float32]
 
@@ -68,47 +67,8 @@ class Collected:
     document_of: dict[str, str]
 
 
-# RM3 with Anserini's defaults (fbDocs 10, fbTerms 10, originalQueryWeight 0.5).
-RM3_DOCS, RM3_TERMS, RM3_ORIGINAL = 10, 10, 0.5
-# Integer term weights (the store's KeywordQuery): the largest weight a term can get.
-RM3_SCALE = 10
 # Rocchio on the dense query: q + beta * mean of the top docs' vectors (Li et al. 2021's dense PRF).
 ROCCHIO_DOCS, ROCCHIO_BETA = 3, 0.5
-
-
-def _rm3_query(
-    terms: list[str],
-    feedback: list[tuple[str, float]],
-    vocabulary: Mapping[str, int],
-    total_chunks: int,
-) -> dict[str, int]:
-    """RM3: P(w|R) = sum over feedback chunks of P(w|d) x P(d|q), interpolated with the query's terms.
-
-    P(d|q) is the chunk's BM25 score normalized over the feedback set (Anserini uses the query
-    likelihood; a score-proportional weight is the usual BM25 variant). Terms are stems, stopwords out,
-    and terms in more than a tenth of the chunks are skipped (Anserini's RM3 filters by df the same way).
-    """
-    weights: dict[str, float] = {}
-    total = sum(score for _, score in feedback) or 1.0
-    for text, score in feedback:
-        stems = [stem(t) for t in re.findall(r"\w+", text.lower()) if t not in STOPWORDS and not t.isdigit()]
-        if not stems:
-            continue
-        counts = Counter(stems)
-        for term, count in counts.items():
-            if vocabulary.get(term, 0) > total_chunks / 10:
-                continue
-            weights[term] = weights.get(term, 0.0) + (count / len(stems)) * (score / total)
-    expansion = dict(sorted(weights.items(), key=lambda item: (-item[1], item[0]))[:RM3_TERMS])
-    mass = sum(expansion.values()) or 1.0
-    query_stems = [stem(t) for t in terms]
-    combined: dict[str, float] = {}
-    for term in query_stems:
-        combined[term] = combined.get(term, 0.0) + RM3_ORIGINAL / len(query_stems)
-    for term, weight in expansion.items():
-        combined[term] = combined.get(term, 0.0) + (1 - RM3_ORIGINAL) * weight / mass
-    best = max(combined.values())
-    return {t: max(1, round(RM3_SCALE * w / best)) for t, w in combined.items()}
 
 
 def collect(
@@ -145,10 +105,10 @@ def collect(
             dense_top=[h.chunk_id for h in dense_hits],
             keyword={h.chunk_id: h.score for h in keyword_hits},
         )
-        remember([h.chunk_id for h in keyword_hits[:RM3_DOCS]])
+        remember([h.chunk_id for h in keyword_hits[:RM3_FEEDBACK_CHUNKS]])
         if keyword_hits:
-            feedback = [(texts[h.chunk_id], h.score) for h in keyword_hits[:RM3_DOCS]]
-            expanded = KeywordQuery(_rm3_query(terms, feedback, vocabulary, total_chunks))
+            feedback = [(texts[h.chunk_id], h.score) for h in keyword_hits[:RM3_FEEDBACK_CHUNKS]]
+            expanded = KeywordQuery(rm3_expansion(terms, feedback, vocabulary, total_chunks))
             legs.rm3 = {h.chunk_id: h.score for h in store.keyword_search(collection_id, expanded, pool)}
         top_vectors = store.chunk_vectors(collection_id, legs.dense_top[:ROCCHIO_DOCS])
         if top_vectors:

@@ -8,7 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.retrieval.fusion import FusedScore, reciprocal_rank_fusion, weighted_fusion
-from iris_rag.retrieval.keyword import FuzzyRepair, repair_terms, unknown_terms
+from iris_rag.retrieval.keyword import (
+    RM3_FEEDBACK_CHUNKS,
+    FuzzyRepair,
+    repair_terms,
+    rm3_expansion,
+    unknown_terms,
+)
 from iris_rag.stores.base import CollectionInfo, KeywordQuery, KeywordScoring, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.versioned import VersionedCache
@@ -35,6 +41,7 @@ class HybridParams(BaseModel):
     ] = ()
     keyword_boost: float = Field(2.0, ge=1, le=10)
     keyword_scoring: KeywordScoring = "flat"
+    enable_query_expansion: bool = False
 
     @field_validator("keyword_boost_fields")
     @classmethod
@@ -78,11 +85,12 @@ class HybridIFindPipeline(Pipeline):
         terms = query_terms(query)
         repair = FuzzyRepair()
         keyword_hits: list[ScoredChunk] = []
+        expansion: dict[str, int] = {}
         if params.keyword_weight > 0:
             if params.enable_fuzzy_matching and terms:
                 repair = self._repair(collection, terms)
-            keyword_hits = self._keyword_leg(
-                collection.id, terms + repair.extra_terms, pool, metadata_filter, params
+            keyword_hits, expansion = self._keyword_leg(
+                collection, terms + repair.extra_terms, pool, metadata_filter, params
             )
         query_vector = pending_vector.result()
         dense_hits: list[ScoredChunk] = []
@@ -124,6 +132,8 @@ class HybridIFindPipeline(Pipeline):
                 "fuzzy_expansions": repair.expansions,
                 "keyword_boost_fields": list(params.keyword_boost_fields),
                 "keyword_scoring": params.keyword_scoring,
+                "query_expansion": params.enable_query_expansion,
+                "expansion_terms": [t for t in expansion if t not in terms + repair.extra_terms],
                 "dense_candidates": len(dense_hits),
                 "keyword_candidates": len(keyword_hits),
                 "used_chunk_ids": [d.chunk.chunk_id for d in documents],
@@ -132,30 +142,54 @@ class HybridIFindPipeline(Pipeline):
 
     def _keyword_leg(
         self,
-        collection_id: str,
+        collection: CollectionInfo,
         terms: list[str],
         pool: int,
         metadata_filter: MetadataFilter | None,
         params: HybridParams,
-    ) -> list[ScoredChunk]:
-        """BM25 candidates; a title boost weights the FTS column, a metadata-field boost rescales hits."""
+    ) -> tuple[list[ScoredChunk], dict[str, int]]:
+        """BM25 candidates and the query's terms with their weights.
+
+        A title boost weights the FTS column, a metadata-field boost rescales hits. With query expansion
+        the first pass's best chunks give RM3 its feedback, and the expanded query's hits replace the
+        first pass's.
+        """
         if not terms:
-            return []
+            return [], {}
         store = self.context.store
         title_weight = params.keyword_boost if "title" in params.keyword_boost_fields else 1.0
         query = KeywordQuery.of(terms, title_weight, params.keyword_scoring)
-        hits = store.keyword_search(collection_id, query, pool, metadata_filter)
+        hits = store.keyword_search(collection.id, query, pool, metadata_filter)
+        if params.enable_query_expansion and hits:
+            query = self._expanded(collection, query, hits)
+            hits = store.keyword_search(collection.id, query, pool, metadata_filter)
         metadata_fields = [f for f in params.keyword_boost_fields if f != "title"]
         if not metadata_fields or not hits:
-            return hits
-        chunks = {c.chunk_id: c for c in store.get_chunks(collection_id, [h.chunk_id for h in hits])}
+            return hits, query.terms
+        chunks = {c.chunk_id: c for c in store.get_chunks(collection.id, [h.chunk_id for h in hits])}
         boosted = [
             ScoredChunk(hit.chunk_id, hit.score * params.keyword_boost)
             if _metadata_mentions(chunks.get(hit.chunk_id), metadata_fields, terms)
             else hit
             for hit in hits
         ]
-        return sorted(boosted, key=lambda h: -h.score)
+        return sorted(boosted, key=lambda h: -h.score), query.terms
+
+    def _expanded(
+        self, collection: CollectionInfo, query: KeywordQuery, hits: list[ScoredChunk]
+    ) -> KeywordQuery:
+        """The query expanded by RM3 from the first pass's best chunks (title and text, as indexed)."""
+        store = self.context.store
+        best = hits[:RM3_FEEDBACK_CHUNKS]
+        chunks = {c.chunk_id: c for c in store.get_chunks(collection.id, [h.chunk_id for h in best])}
+        feedback = [
+            (f"{chunks[h.chunk_id].title} {chunks[h.chunk_id].content}", h.score)
+            for h in best
+            if h.chunk_id in chunks
+        ]
+        vocabulary = self._vocabulary(collection)
+        terms = rm3_expansion(list(query.terms), feedback, vocabulary, store.chunk_count(collection.id))
+        return KeywordQuery(terms, query.title_weight, query.scoring)
 
     def _repair(self, collection: CollectionInfo, terms: list[str]) -> FuzzyRepair:
         """Fuzzy-repair the terms that match nothing in this collection."""
