@@ -5,7 +5,8 @@ from typing import Any
 import pytest
 
 from iris_rag.backends.sqlite.store import match_expression
-from iris_rag.retrieval.keyword import repair_terms
+from iris_rag.errors import InvalidParametersError
+from iris_rag.retrieval.keyword import RM3_SCALE, repair_terms, rm3_expansion
 from iris_rag.service import RagService
 from iris_rag.stores.base import KeywordQuery
 from iris_rag.text import query_terms
@@ -165,3 +166,63 @@ def test_keyword_index_follows_replace_and_delete(hybrid_service: RagService) ->
     assert hybrid(hybrid_service, "glaciers", keyword_only)["retrieved_documents"] == []
     dense = hybrid(hybrid_service, "glaciers", {"vector_weight": 1.0, "keyword_weight": 0.0}, top_k=5)
     assert "volcano" not in ids(dense)
+
+
+def test_rm3_expansion_weights_by_hand() -> None:
+    # Two feedback chunks, scores 3 and 1: P(chunk | query) 0.75 and 0.25. Chunk one's terms (stems):
+    # sedat x2, propofol, ketamin (4 terms); chunk two's: sedat, surgeri (2). "the" is a stopword, "42" a
+    # digit, "x" one letter: none counts. "common" is in every chunk of a 20-chunk collection: left out.
+    feedback = [
+        ("Sedation sedation propofol ketamine the 42 x common", 3.0),
+        ("sedation surgery common", 1.0),
+    ]
+    vocabulary = {"sedat": 2, "propofol": 1, "ketamin": 1, "surgeri": 1, "common": 20}
+    model = {
+        "sedat": 0.75 * 2 / 4 + 0.25 * 1 / 3,
+        "propofol": 0.75 / 4,
+        "ketamin": 0.75 / 4,
+        "surgeri": 0.25 / 3,
+    }
+    mass = sum(model.values())
+    weights = {"ketamine": 0.5 + 0.5 * model["ketamin"] / mass}
+    weights.update({t: 0.5 * model[t] / mass for t in ("sedat", "propofol", "surgeri")})
+    heaviest = max(weights.values())
+    expected = {t: max(1, round(RM3_SCALE * w / heaviest)) for t, w in weights.items()}
+    assert rm3_expansion(["ketamine"], feedback, vocabulary, 20) == expected
+    assert expected["ketamine"] == RM3_SCALE, "the query's own term keeps its spelling and the top weight"
+    assert rm3_expansion(["ketamine", "dose"], [], vocabulary, 20) == {"ketamine": 1, "dose": 1}
+    assert rm3_expansion([], feedback, vocabulary, 20) == {}
+
+
+def test_query_expansion_finds_what_the_terms_miss(service: RagService) -> None:
+    # "propofol" holds no query term: plain BM25 cannot find it; RM3 adds "sedat" (sedation's stem) and
+    # "anaesthesia" from the chunks that hold "ketamine", and the expanded query reaches it. Thirty unrelated
+    # chunks keep those terms under the tenth-of-the-collection limit.
+    documents = [
+        {"id": "k1", "title": "Ketamine", "content": "Ketamine gives sedation and anaesthesia."},
+        {"id": "k2", "title": "Ketamine use", "content": "Ketamine sedation in anaesthesia practice."},
+        {"id": "propofol", "title": "Propofol", "content": "Propofol sedation for anaesthesia."},
+        *(
+            {"id": f"w{i}", "title": "Weather", "content": f"Rain and wind today, report {i}."}
+            for i in range(30)
+        ),
+    ]
+    service.ingest({"collection_id": "docs", "documents": documents})
+    keyword_only: dict[str, Any] = {"vector_weight": 0.0, "keyword_weight": 1.0}
+    plain = hybrid(service, "ketamine", keyword_only, top_k=5)
+    expanded = hybrid(service, "ketamine", {**keyword_only, "enable_query_expansion": True}, top_k=5)
+    assert ids(plain) == ["k1", "k2"] or ids(plain) == ["k2", "k1"]
+    assert set(ids(expanded)) == {"k1", "k2", "propofol"}
+    assert ids(expanded)[-1] == "propofol", "the query's own term still weighs most"
+    specific = expanded["metadata"]["technique_specific"]
+    assert specific["query_expansion"] is True
+    assert {"sedat", "anaesthesia"} <= set(specific["expansion_terms"])
+    assert not {"ketamine", "ketamin"} & set(specific["expansion_terms"]), "a query term is not added again"
+    assert plain["metadata"]["technique_specific"]["expansion_terms"] == []
+    assert plain["metadata"]["technique_specific"]["query_expansion"] is False
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_query_expansion_must_be_a_boolean(hybrid_service: RagService, value: Any) -> None:
+    with pytest.raises(InvalidParametersError, match="enable_query_expansion"):
+        hybrid(hybrid_service, "aspirin", {"enable_query_expansion": value})
