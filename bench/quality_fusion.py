@@ -16,6 +16,7 @@ pytrec_eval measures (nDCG@10, Recall@100). The collection must exist (build it 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import pickle
 import sys
@@ -29,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.evaluation.beir import BeirDataset, load_beir
-from iris_rag.evaluation.metrics import score_run
+from iris_rag.evaluation.metrics import score_queries, score_run
 from iris_rag.retrieval.fusion import min_max
 from iris_rag.retrieval.keyword import RM3_FEEDBACK_CHUNKS, rm3_expansion
 from iris_rag.service import RagService
@@ -49,6 +50,8 @@ class QueryLegs:
     keyword: dict[str, float]  # flat BM25 top pool
     rm3: dict[str, float] = field(default_factory=dict)  # BM25 of the RM3-expanded query, top pool
     rocchio: dict[str, float] = field(default_factory=dict)  # cosine with the Rocchio query, top pool
+    rm3_fused: dict[str, float] = field(default_factory=dict)  # RM3 fed by the fused first pass
+    rocchio_fused: dict[str, float] = field(default_factory=dict)  # Rocchio fed by the fused first pass
     colbert: dict[str, float] = field(default_factory=dict)  # MaxSim / query tokens, every candidate
 
     @property
@@ -115,7 +118,32 @@ def collect(
             moved = vector + ROCCHIO_BETA * np.mean(list(top_vectors.values()), axis=0)
             moved = (moved / np.linalg.norm(moved)).astype(np.float32)
             legs.rocchio = {h.chunk_id: h.score for h in store.vector_search(collection_id, moved, pool)}
-        candidates = list(legs.dense.keys() | legs.keyword.keys() | legs.rm3.keys() | legs.rocchio.keys())
+        first = set(legs.dense_top) | legs.keyword.keys()
+        missing = [c for c in first if c not in legs.dense]
+        legs.dense.update(store.vector_scores(collection_id, vector, missing))
+        today = fused(
+            [(0.5, _restrict(legs.dense, first), "minmax"), (0.5, legs.keyword, "bm25")],
+            {},
+            document_level=False,
+        )
+        best = ranked(today)[:RM3_FEEDBACK_CHUNKS]
+        remember(best)
+        if terms:
+            feedback = [(texts[c], today[c]) for c in best]
+            expanded = KeywordQuery(rm3_expansion(terms, feedback, vocabulary, total_chunks))
+            legs.rm3_fused = {
+                h.chunk_id: h.score for h in store.keyword_search(collection_id, expanded, pool)
+            }
+        top_vectors = store.chunk_vectors(collection_id, best[:ROCCHIO_DOCS])
+        if top_vectors:
+            moved = vector + ROCCHIO_BETA * np.mean(list(top_vectors.values()), axis=0)
+            moved = (moved / np.linalg.norm(moved)).astype(np.float32)
+            legs.rocchio_fused = {
+                h.chunk_id: h.score for h in store.vector_search(collection_id, moved, pool)
+            }
+        candidates = list(
+            first | legs.rm3.keys() | legs.rocchio.keys() | legs.rm3_fused.keys() | legs.rocchio_fused.keys()
+        )
         missing = [c for c in candidates if c not in legs.dense]
         legs.dense.update(store.vector_scores(collection_id, vector, missing))
         remember(candidates)
@@ -251,8 +279,8 @@ def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]
                     legs.append((weight, _restrict(q.dense, cands), dense_norm))
                 elif name == "colbert":
                     legs.append((weight, _restrict(q.colbert, cands), dense_norm))
-                elif name == "rocchio_cos":
-                    legs.append((weight, _restrict(q.rocchio, cands), dense_norm))
+                elif name.startswith("rocchio"):
+                    legs.append((weight, _restrict(getattr(q, name), cands), dense_norm))
                 else:
                     legs.append((weight, _restrict(getattr(q, name), cands), "bm25"))
             scores = fused(legs, d, document_level=doc)
@@ -282,11 +310,20 @@ def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]
         "dense alone": make({"dense": 1.0}),
         "keyword alone": make({"keyword": 1.0}, cand_legs=("keyword",)),
         "rm3 alone": make({"rm3": 1.0}, cand_legs=("rm3",)),
-        "rocchio alone": make({"rocchio_cos": 1.0}, cand_legs=("rocchio",)),
+        "rocchio alone": make({"rocchio": 1.0}, cand_legs=("rocchio",)),
         "dense + rm3 .5/.5": make({"dense": 0.5, "rm3": 0.5}, cand_legs=("dense", "rm3")),
         "dense + rm3 .5/.5 doc": make({"dense": 0.5, "rm3": 0.5}, doc=True, cand_legs=("dense", "rm3")),
-        "rocchio + keyword .5/.5": make(
-            {"rocchio_cos": 0.5, "keyword": 0.5}, cand_legs=("rocchio", "keyword")
+        "rocchio + keyword .5/.5": make({"rocchio": 0.5, "keyword": 0.5}, cand_legs=("rocchio", "keyword")),
+        "rm3_fused alone": make({"rm3_fused": 1.0}, cand_legs=("rm3_fused",)),
+        "dense + rm3_fused .5/.5": make({"dense": 0.5, "rm3_fused": 0.5}, cand_legs=("dense", "rm3_fused")),
+        "rocchio_fused + kw .5/.5": make(
+            {"rocchio_fused": 0.5, "keyword": 0.5}, cand_legs=("rocchio_fused", "keyword")
+        ),
+        "rocchio_fused + rm3_fused .5/.5": make(
+            {"rocchio_fused": 0.5, "rm3_fused": 0.5}, cand_legs=("rocchio_fused", "rm3_fused")
+        ),
+        "rocchio_fused + kw .5/.5 doc": make(
+            {"rocchio_fused": 0.5, "keyword": 0.5}, doc=True, cand_legs=("rocchio_fused", "keyword")
         ),
         "dense+kw+rm3 1/3": make(
             {"dense": 1 / 3, "keyword": 1 / 3, "rm3": 1 / 3}, cand_legs=("dense", "keyword", "rm3")
@@ -309,11 +346,16 @@ def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]
 
 
 def score(
-    data: Collected, qrels: dict[str, dict[str, int]], only: str | None = None
+    data: Collected, qrels: dict[str, dict[str, int]], only: str | None = None, baseline: str | None = None
 ) -> dict[str, dict[str, float]]:
-    """nDCG@10 and Recall@100 of every variant."""
+    """nDCG@10 and Recall@100 of every variant; with a baseline, the paired nDCG@10 difference per query."""
     report: dict[str, dict[str, float]] = {}
-    for name, variant in variants().items():
+    judged = {q: qrels[q] for q in data.queries}
+    table = variants()
+    base: npt.NDArray[np.float64] | None = None
+    if baseline:
+        base = _per_query(table[baseline], data, judged)
+    for name, variant in table.items():
         if only and only not in name:
             continue
         if "colbert" in name and not any(q.colbert for q in data.queries.values()):
@@ -322,13 +364,32 @@ def score(
             qid: [x for x in variant(legs, data.document_of) if x != qid]
             for qid, legs in data.queries.items()
         }
-        metrics = score_run({q: qrels[q] for q in data.queries}, rankings)
+        metrics = score_run(judged, rankings)
         report[name] = {
             "ndcg@10": round(metrics["ndcg@10"], 4),
             "recall@100": round(metrics["recall@100"], 4),
         }
-        print(f"{report[name]['ndcg@10']:.4f}  {report[name]['recall@100']:.4f}  {name}", flush=True)
+        line = f"{report[name]['ndcg@10']:.4f}  {report[name]['recall@100']:.4f}  {name}"
+        if base is not None:
+            diff = _per_query(variant, data, judged) - base
+            error = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
+            report[name].update(diff=round(float(diff.mean()), 4), stderr=round(error, 4))
+            ups, downs = int((diff > 0).sum()), int((diff < 0).sum())
+            line += f"  (diff {diff.mean():+.4f} +- {error:.4f}, {ups}/{downs} up/down)"
+        print(line, flush=True)
     return report
+
+
+def _per_query(
+    variant: Callable[[QueryLegs, Mapping[str, str]], list[str]],
+    data: Collected,
+    qrels: dict[str, dict[str, int]],
+) -> npt.NDArray[np.float64]:
+    rankings = {
+        qid: [x for x in variant(legs, data.document_of) if x != qid] for qid, legs in data.queries.items()
+    }
+    measured = score_queries(qrels, rankings)
+    return np.array([measured.get(q, {}).get("ndcg@10", 0.0) for q in data.queries])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("data", type=Path)
     s.add_argument("--dataset", type=Path, default=Path("../shared/data/scifact"))
     s.add_argument("--only")
+    s.add_argument("--baseline", help="a variant's name: print each variant's paired nDCG@10 difference")
+    s.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
     if args.command == "collect":
         dataset = load_beir(args.dataset, args.split)
@@ -362,7 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     data = pickle.loads(args.data.read_bytes())
     dataset = load_beir(args.dataset, data.split)
-    score(data, dataset.qrels, args.only)
+    report = score(data, dataset.qrels, args.only, args.baseline)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"split": data.split, "queries": len(data.queries), "variants": report}, indent=2)
+        )
     return 0
 
 
