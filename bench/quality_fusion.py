@@ -332,6 +332,18 @@ def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]
         "rrf dense,kw,colbert": rrf_variant(("dense", "keyword", "colbert")),
         "dense+kw+colbert 1/3": make({"dense": 1 / 3, "keyword": 1 / 3, "colbert": 1 / 3}),
         "dense+kw+colbert 1/3 doc": make({"dense": 1 / 3, "keyword": 1 / 3, "colbert": 1 / 3}, doc=True),
+        "rocchio_fused+kw+colbert 1/3": make(
+            {"rocchio_fused": 1 / 3, "keyword": 1 / 3, "colbert": 1 / 3},
+            cand_legs=("rocchio_fused", "keyword"),
+        ),
+        "dense+rocchio_fused+kw+colbert 1/4": make(
+            {"dense": 0.25, "rocchio_fused": 0.25, "keyword": 0.25, "colbert": 0.25},
+            cand_legs=("dense", "rocchio_fused", "keyword"),
+        ),
+        "dense+rocchio_fused+kw 1/4,1/4,1/2": make(
+            {"dense": 0.25, "rocchio_fused": 0.25, "keyword": 0.5},
+            cand_legs=("dense", "rocchio_fused", "keyword"),
+        ),
         "kw+colbert .5/.5": make({"keyword": 0.5, "colbert": 0.5}),
         "dense+rm3+colbert 1/3": make(
             {"dense": 1 / 3, "rm3": 1 / 3, "colbert": 1 / 3}, cand_legs=("dense", "rm3")
