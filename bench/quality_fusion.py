@@ -31,8 +31,13 @@ import numpy.typing as npt
 
 from iris_rag.evaluation.beir import BeirDataset, load_beir
 from iris_rag.evaluation.metrics import score_queries, score_run
+from iris_rag.retrieval.feedback import (
+    RM3_FEEDBACK_CHUNKS,
+    ROCCHIO_FEEDBACK_CHUNKS,
+    rm3_expansion,
+    rocchio_vector,
+)
 from iris_rag.retrieval.fusion import min_max
-from iris_rag.retrieval.keyword import RM3_FEEDBACK_CHUNKS, rm3_expansion
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.stores.base import KeywordQuery
@@ -68,10 +73,6 @@ class Collected:
     pool: int
     queries: dict[str, QueryLegs]
     document_of: dict[str, str]
-
-
-# Rocchio on the dense query: q + beta * mean of the top docs' vectors (Li et al. 2021's dense PRF).
-ROCCHIO_DOCS, ROCCHIO_BETA = 3, 0.5
 
 
 def collect(
@@ -113,10 +114,9 @@ def collect(
             feedback = [(texts[h.chunk_id], h.score) for h in keyword_hits[:RM3_FEEDBACK_CHUNKS]]
             expanded = KeywordQuery(rm3_expansion(terms, feedback, vocabulary, total_chunks))
             legs.rm3 = {h.chunk_id: h.score for h in store.keyword_search(collection_id, expanded, pool)}
-        top_vectors = store.chunk_vectors(collection_id, legs.dense_top[:ROCCHIO_DOCS])
+        top_vectors = store.chunk_vectors(collection_id, legs.dense_top[:ROCCHIO_FEEDBACK_CHUNKS])
         if top_vectors:
-            moved = vector + ROCCHIO_BETA * np.mean(list(top_vectors.values()), axis=0)
-            moved = (moved / np.linalg.norm(moved)).astype(np.float32)
+            moved = rocchio_vector(vector, list(top_vectors.values()))
             legs.rocchio = {h.chunk_id: h.score for h in store.vector_search(collection_id, moved, pool)}
         first = set(legs.dense_top) | legs.keyword.keys()
         missing = [c for c in first if c not in legs.dense]
@@ -134,13 +134,15 @@ def collect(
             legs.rm3_fused = {
                 h.chunk_id: h.score for h in store.keyword_search(collection_id, expanded, pool)
             }
-        top_vectors = store.chunk_vectors(collection_id, best[:ROCCHIO_DOCS])
+        top_vectors = store.chunk_vectors(collection_id, best[:ROCCHIO_FEEDBACK_CHUNKS])
         if top_vectors:
-            moved = vector + ROCCHIO_BETA * np.mean(list(top_vectors.values()), axis=0)
-            moved = (moved / np.linalg.norm(moved)).astype(np.float32)
+            moved = rocchio_vector(vector, [top_vectors[c] for c in best[:ROCCHIO_FEEDBACK_CHUNKS]])
             legs.rocchio_fused = {
                 h.chunk_id: h.score for h in store.vector_search(collection_id, moved, pool)
             }
+            # As the technique would: the moved query's exact cosine for every keyword candidate too.
+            others = [c for c in legs.keyword if c not in legs.rocchio_fused]
+            legs.rocchio_fused.update(store.vector_scores(collection_id, moved, others))
         candidates = list(
             first | legs.rm3.keys() | legs.rocchio.keys() | legs.rm3_fused.keys() | legs.rocchio_fused.keys()
         )

@@ -1,7 +1,8 @@
 """rag_hybrid_ifind's call latency under several technique_params, alternating per query in one run.
 
     CACHE_ENABLED=false RAG_DATA_DIR=data .venv/bin/python -m bench.quality_latency \\
-        --collection eval-scifact --variant default='{}' --variant rm3='{"enable_query_expansion": true}' --out bench/results/x.json
+        --collection eval-scifact --variant default='{}' --variant rm3='{"query_expansion": "rm3"}' \\
+        --out bench/results/x.json
 
 Each query runs every variant in turn (the order rotates from query to query), so the drift of a shared
 machine hits every variant alike; `RagService.execute` in process, generation off, `top_k` 5 by default.

@@ -2,11 +2,19 @@
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from iris_rag.backends.sqlite.store import match_expression
 from iris_rag.errors import InvalidParametersError
-from iris_rag.retrieval.keyword import RM3_SCALE, repair_terms, rm3_expansion
+from iris_rag.retrieval.feedback import (
+    RM3_SCALE,
+    ROCCHIO_BETA,
+    ROCCHIO_FEEDBACK_CHUNKS,
+    rm3_expansion,
+    rocchio_vector,
+)
+from iris_rag.retrieval.keyword import repair_terms
 from iris_rag.service import RagService
 from iris_rag.stores.base import KeywordQuery
 from iris_rag.text import query_terms
@@ -210,19 +218,47 @@ def test_query_expansion_finds_what_the_terms_miss(service: RagService) -> None:
     service.ingest({"collection_id": "docs", "documents": documents})
     keyword_only: dict[str, Any] = {"vector_weight": 0.0, "keyword_weight": 1.0}
     plain = hybrid(service, "ketamine", keyword_only, top_k=5)
-    expanded = hybrid(service, "ketamine", {**keyword_only, "enable_query_expansion": True}, top_k=5)
+    expanded = hybrid(service, "ketamine", {**keyword_only, "query_expansion": "rm3"}, top_k=5)
     assert ids(plain) == ["k1", "k2"] or ids(plain) == ["k2", "k1"]
     assert set(ids(expanded)) == {"k1", "k2", "propofol"}
     assert ids(expanded)[-1] == "propofol", "the query's own term still weighs most"
     specific = expanded["metadata"]["technique_specific"]
-    assert specific["query_expansion"] is True
+    assert specific["query_expansion"] == "rm3"
     assert {"sedat", "anaesthesia"} <= set(specific["expansion_terms"])
     assert not {"ketamine", "ketamin"} & set(specific["expansion_terms"]), "a query term is not added again"
     assert plain["metadata"]["technique_specific"]["expansion_terms"] == []
-    assert plain["metadata"]["technique_specific"]["query_expansion"] is False
+    assert plain["metadata"]["technique_specific"]["query_expansion"] == "none"
 
 
-@pytest.mark.parametrize("value", ["yes", 1, None])
-def test_query_expansion_must_be_a_boolean(hybrid_service: RagService, value: Any) -> None:
-    with pytest.raises(InvalidParametersError, match="enable_query_expansion"):
-        hybrid(hybrid_service, "aspirin", {"enable_query_expansion": value})
+@pytest.mark.parametrize("value", ["yes", "RM3", True, None])
+def test_query_expansion_takes_only_its_names(hybrid_service: RagService, value: Any) -> None:
+    with pytest.raises(InvalidParametersError, match="query_expansion"):
+        hybrid(hybrid_service, "aspirin", {"query_expansion": value})
+
+
+def test_rocchio_vector_by_hand() -> None:
+    query = np.array([1.0, 0.0], dtype=np.float32)
+    feedback = [np.array([0.0, 1.0], dtype=np.float32), np.array([0.6, 0.8], dtype=np.float32)]
+    # 1 x query + 0.5 x mean([0, 1], [0.6, 0.8]) = [1.15, 0.45], then unit length.
+    expected = np.array([1.15, 0.45]) / np.hypot(1.15, 0.45)
+    assert ROCCHIO_BETA == 0.5
+    assert rocchio_vector(query, feedback) == pytest.approx(expected)
+    assert rocchio_vector(query, []) is query
+
+
+def test_rocchio_expansion_reruns_the_dense_leg_with_the_moved_vector(hybrid_service: RagService) -> None:
+    query, dense_only = "blood sugar treatment", {"vector_weight": 1.0, "keyword_weight": 0.0}
+    plain = hybrid(hybrid_service, query, dense_only, top_k=5)
+    moved = hybrid(hybrid_service, query, {**dense_only, "query_expansion": "rocchio"}, top_k=5)
+    assert moved["metadata"]["technique_specific"]["query_expansion"] == "rocchio"
+    # The moved vector: the query's, plus half the mean of the first pass's three best chunks' vectors.
+    store, embedder = hybrid_service.store, hybrid_service.embedder
+    best = [d["chunk_id"] for d in plain["retrieved_documents"][:ROCCHIO_FEEDBACK_CHUNKS]]
+    vectors = store.chunk_vectors("docs", best)
+    vector = rocchio_vector(embedder.encode_query(query), [vectors[c] for c in best])
+    for document in moved["retrieved_documents"]:
+        cosine = float(store.chunk_vectors("docs", [document["chunk_id"]])[document["chunk_id"]] @ vector)
+        assert document["score_details"]["dense_score"] == pytest.approx(cosine, abs=1e-5)
+    plain_scores = [d["score_details"]["dense_score"] for d in plain["retrieved_documents"]]
+    moved_scores = [d["score_details"]["dense_score"] for d in moved["retrieved_documents"]]
+    assert plain_scores != moved_scores
