@@ -2,7 +2,8 @@
 
     RAG_DATA_DIR=data .venv/bin/python -m bench.quality_fusion collect --dataset ../shared/data/scifact \
         --split train --out /tmp/quality_train.pkl
-    .venv/bin/python -m bench.quality_fusion score /tmp/quality_train.pkl
+    .venv/bin/python -m bench.quality_fusion score /tmp/quality_train.pkl \
+        --baseline "today (chunk, minmax+bm25/best, .5/.5)" --json bench/results/quality/x.json
 
 `collect` runs the legs the way the technique does (the store's exact cosine top `--pool` chunks, its
 flat BM25 top `--pool`, the exact cosine of every keyword-only candidate) and, for comparison, legs that
@@ -10,7 +11,11 @@ the technique does not run today: ColBERT's MaxSim over the union (the colbert p
 selection and threshold), a second BM25 query expanded by RM3 pseudo-relevance feedback (the store's
 keyword search with term weights), and a Rocchio-expanded dense query. It pickles every candidate's
 scores. `score` fuses them into document rankings under each variant and scores them with the harness's
-pytrec_eval measures (nDCG@10, Recall@100). The collection must exist (build it with `iris-rag eval`).
+pytrec_eval measures (nDCG@10, Recall@100); with --baseline, each variant's mean per-query nDCG@10
+difference from it, its standard error and how many queries went up and down. The collection must exist
+(build it with `iris-rag eval`). `--pool` 100 is what a client's call uses (`candidate_pool`); `iris-rag
+eval` asks for 300 chunks per query, which raises the technique's pool to 300, so its hybrid figure differs
+from the `today` variant here by a few thousandths.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import argparse
 import json
 import math
 import pickle
+import re
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,17 +38,11 @@ import numpy.typing as npt
 
 from iris_rag.evaluation.beir import BeirDataset, load_beir
 from iris_rag.evaluation.metrics import score_queries, score_run
-from iris_rag.retrieval.feedback import (
-    RM3_FEEDBACK_CHUNKS,
-    ROCCHIO_FEEDBACK_CHUNKS,
-    rm3_expansion,
-    rocchio_vector,
-)
 from iris_rag.retrieval.fusion import min_max
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.stores.base import KeywordQuery
-from iris_rag.text import query_terms
+from iris_rag.text import STOPWORDS, query_terms, stem
 
 Floats = npt.NDArray[np.float32]
 
@@ -73,6 +74,88 @@ class Collected:
     pool: int
     queries: dict[str, QueryLegs]
     document_of: dict[str, str]
+
+
+# ---- pseudo-relevance feedback (measured here; not in the technique: see docs/benchmarks.md) -------------
+# RM3 (Abdul-Jaleel et al. 2004) with Anserini's defaults; Rocchio on the dense vector (Rocchio 1971; for
+# dense retrievers, Li et al. 2022). Fixed, published parameters: nothing here was tuned on SciFact.
+# Commit cce059d ran both inside rag_hybrid_ifind (technique_params.query_expansion) for the eval figures.
+
+
+def _terms(text: str) -> list[str]:
+    """Every lowercase term of a text, stopwords removed, repeats kept (the keyword index's terms)."""
+    return [t for t in re.findall(r"\w+", text.lower()) if t not in STOPWORDS]
+
+
+RM3_FEEDBACK_CHUNKS = 10
+"""RM3: the first pass's best chunks the expansion terms come from (Anserini's fbDocs)."""
+RM3_TERMS = 10
+"""RM3: how many expansion terms are added (Anserini's fbTerms)."""
+RM3_ORIGINAL_WEIGHT = 0.5
+"""RM3: the original query's share of the expanded query (Anserini's originalQueryWeight)."""
+RM3_MAX_DOCUMENT_FREQUENCY = 0.1
+"""RM3: terms in more than this share of the chunks say too little to be added."""
+RM3_SCALE = 10
+"""The expanded query's weights become whole repeats (KeywordQuery): the heaviest term counts this often."""
+
+
+def rm3_expansion(
+    terms: Sequence[str],
+    feedback: Sequence[tuple[str, float]],
+    vocabulary: Mapping[str, int],
+    chunk_count: int,
+) -> dict[str, int]:
+    """RM3 (Lavrenko and Croft's relevance model 1, interpolated with the query; Abdul-Jaleel et al. 2004).
+
+    `feedback` holds the first pass's best chunks (text, BM25 score). A term's weight in the relevance
+    model is the sum over them of P(term | chunk) x P(chunk | query), where P(term | chunk) is its share of
+    the chunk's terms and P(chunk | query) the chunk's score over the feedback's total. The RM3_TERMS
+    heaviest stems (digits, one-letter terms and terms in more than a tenth of the chunks left out) share
+    1 - RM3_ORIGINAL_WEIGHT; the query's own terms share RM3_ORIGINAL_WEIGHT equally. The result is a
+    KeywordQuery's terms: each weight scaled so the heaviest is RM3_SCALE, rounded, at least 1. A query
+    term keeps its own spelling (the index stems it); an added term is the indexed stem. Without
+    feedback the query comes back unchanged, each term once.
+    """
+    total = sum(score for _, score in feedback)
+    if not terms or total <= 0:
+        return dict.fromkeys(terms, 1)
+    limit = RM3_MAX_DOCUMENT_FREQUENCY * chunk_count
+    model: dict[str, float] = {}
+    for text, score in feedback:
+        stems = [stem(t) for t in _terms(text) if len(t) > 1 and not t.isdigit()]
+        for term, count in Counter(stems).items():
+            if vocabulary.get(term, 0) <= limit:
+                model[term] = model.get(term, 0.0) + count / len(stems) * score / total
+    expansion = sorted(model.items(), key=lambda item: (-item[1], item[0]))[:RM3_TERMS]
+    mass = sum(weight for _, weight in expansion)
+    spelled = {stem(term): term for term in terms}
+    weights = dict.fromkeys(terms, RM3_ORIGINAL_WEIGHT / len(terms))
+    for term, weight in expansion:
+        key = spelled.get(term, term)
+        weights[key] = weights.get(key, 0.0) + (1 - RM3_ORIGINAL_WEIGHT) * weight / mass
+    heaviest = max(weights.values())
+    return {term: max(1, round(RM3_SCALE * weight / heaviest)) for term, weight in weights.items()}
+
+
+ROCCHIO_FEEDBACK_CHUNKS = 3
+"""Rocchio: the first pass's best chunks whose vectors move the query (Li et al.'s k = 3)."""
+ROCCHIO_BETA = 0.5
+"""Rocchio: the weight of the feedback chunks' mean vector (the query's is 1)."""
+
+
+def rocchio_vector(
+    query: npt.NDArray[np.float32], feedback: Sequence[npt.NDArray[np.float32]]
+) -> npt.NDArray[np.float32]:
+    """Rocchio without negatives: query + ROCCHIO_BETA x the feedback vectors' mean, unit length.
+
+    Without feedback the query comes back unchanged.
+    """
+    if not feedback:
+        return query
+    moved = query.astype(np.float64) + ROCCHIO_BETA * np.mean(np.stack(feedback), axis=0)
+    norm = float(np.linalg.norm(moved))
+    result: npt.NDArray[np.float32] = (moved / norm if norm > 0 else moved).astype(np.float32)
+    return result
 
 
 def collect(

@@ -1,7 +1,7 @@
 """rag_hybrid_ifind's call latency under several technique_params, alternating per query in one run.
 
     CACHE_ENABLED=false RAG_DATA_DIR=data .venv/bin/python -m bench.quality_latency \\
-        --collection eval-scifact --variant default='{}' --variant rm3='{"query_expansion": "rm3"}' \\
+        --collection eval-scifact --variant default='{}' --variant rrf='{"fusion_method": "rrf"}' \\
         --out bench/results/x.json
 
 Each query runs every variant in turn (the order rotates from query to query), so the drift of a shared

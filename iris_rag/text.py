@@ -61,14 +61,10 @@ def _append_stripped(spans: list[Span], text: str, start: int, end: int) -> None
         spans.append(Span(stripped, offset, offset + len(stripped)))
 
 
-def text_terms(text: str) -> list[str]:
-    """Every lowercase term of a text, stopwords removed, in order, repeats kept."""
-    return [t for t in _TERM.findall(text.lower()) if t not in STOPWORDS]
-
-
 def query_terms(text: str) -> list[str]:
     """The distinct lowercase terms of a text, stopwords removed, in order."""
-    return list(dict.fromkeys(text_terms(text)))
+    terms = [t for t in _TERM.findall(text.lower()) if t not in STOPWORDS]
+    return list(dict.fromkeys(terms))
 
 
 @lru_cache(maxsize=STEM_CACHE_WORDS)

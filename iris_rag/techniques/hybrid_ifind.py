@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import numpy as np
-import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
-from iris_rag.retrieval.feedback import (
-    RM3_FEEDBACK_CHUNKS,
-    ROCCHIO_FEEDBACK_CHUNKS,
-    rm3_expansion,
-    rocchio_vector,
-)
 from iris_rag.retrieval.fusion import FusedScore, reciprocal_rank_fusion, weighted_fusion
 from iris_rag.retrieval.keyword import FuzzyRepair, repair_terms, unknown_terms
 from iris_rag.stores.base import CollectionInfo, KeywordQuery, KeywordScoring, ScoredChunk, StoredChunk
@@ -43,7 +35,6 @@ class HybridParams(BaseModel):
     ] = ()
     keyword_boost: float = Field(2.0, ge=1, le=10)
     keyword_scoring: KeywordScoring = "flat"
-    query_expansion: Literal["none", "rm3", "rocchio"] = "none"
 
     @field_validator("keyword_boost_fields")
     @classmethod
@@ -87,25 +78,33 @@ class HybridIFindPipeline(Pipeline):
         terms = query_terms(query)
         repair = FuzzyRepair()
         keyword_hits: list[ScoredChunk] = []
-        expansion: dict[str, int] = {}
         if params.keyword_weight > 0:
             if params.enable_fuzzy_matching and terms:
                 repair = self._repair(collection, terms)
-            keyword_hits, expansion = self._keyword_leg(
-                collection, terms + repair.extra_terms, pool, metadata_filter, params
+            keyword_hits = self._keyword_leg(
+                collection.id, terms + repair.extra_terms, pool, metadata_filter, params
             )
         query_vector = pending_vector.result()
-        dense_hits, fused = self._fuse(collection, query_vector, keyword_hits, pool, metadata_filter, params)
-        if params.query_expansion == "rocchio" and dense_hits:
-            # Dense pseudo-relevance feedback: the fused first pass's best chunks move the query vector,
-            # and the dense leg runs again with it (the keyword leg's hits are kept).
-            best = [f.chunk_id for f in fused[:ROCCHIO_FEEDBACK_CHUNKS]]
-            vectors = store.chunk_vectors(collection.id, best)
-            query_vector = rocchio_vector(query_vector, [vectors[c] for c in best if c in vectors])
-            dense_hits, fused = self._fuse(
-                collection, query_vector, keyword_hits, pool, metadata_filter, params
-            )
-        fused = fused[: options.top_k]
+        dense_hits: list[ScoredChunk] = []
+        if params.vector_weight > 0:
+            dense_hits = store.vector_search(collection.id, query_vector, pool, metadata_filter)
+
+        # Exact cosine for every candidate, including those only the keyword leg found.
+        dense = {hit.chunk_id: hit.score for hit in dense_hits}
+        missing = [hit.chunk_id for hit in keyword_hits if hit.chunk_id not in dense]
+        dense.update(store.vector_scores(collection.id, query_vector, missing))
+        keyword = {hit.chunk_id: hit.score for hit in keyword_hits}
+        fuse = reciprocal_rank_fusion if params.fusion_method == "rrf" else weighted_fusion
+        extra = {"k": params.rrf_k} if params.fusion_method == "rrf" else {}
+        fused = fuse(
+            dense,
+            keyword,
+            [hit.chunk_id for hit in dense_hits],
+            [hit.chunk_id for hit in keyword_hits],
+            vector_weight=params.vector_weight,
+            keyword_weight=params.keyword_weight,
+            **extra,
+        )[: options.top_k]
 
         chunks = {c.chunk_id: c for c in store.get_chunks(collection.id, [f.chunk_id for f in fused])}
         documents = [
@@ -125,96 +124,38 @@ class HybridIFindPipeline(Pipeline):
                 "fuzzy_expansions": repair.expansions,
                 "keyword_boost_fields": list(params.keyword_boost_fields),
                 "keyword_scoring": params.keyword_scoring,
-                "query_expansion": params.query_expansion,
-                "expansion_terms": [t for t in expansion if t not in terms + repair.extra_terms],
                 "dense_candidates": len(dense_hits),
                 "keyword_candidates": len(keyword_hits),
                 "used_chunk_ids": [d.chunk.chunk_id for d in documents],
             },
         )
 
-    def _fuse(
-        self,
-        collection: CollectionInfo,
-        query_vector: npt.NDArray[np.float32],
-        keyword_hits: list[ScoredChunk],
-        pool: int,
-        metadata_filter: MetadataFilter | None,
-        params: HybridParams,
-    ) -> tuple[list[ScoredChunk], list[FusedScore]]:
-        """The dense leg's hits for this vector, and every candidate of both legs fused, best first."""
-        store = self.context.store
-        dense_hits: list[ScoredChunk] = []
-        if params.vector_weight > 0:
-            dense_hits = store.vector_search(collection.id, query_vector, pool, metadata_filter)
-        # Exact cosine for every candidate, including those only the keyword leg found.
-        dense = {hit.chunk_id: hit.score for hit in dense_hits}
-        missing = [hit.chunk_id for hit in keyword_hits if hit.chunk_id not in dense]
-        dense.update(store.vector_scores(collection.id, query_vector, missing))
-        keyword = {hit.chunk_id: hit.score for hit in keyword_hits}
-        fuse = reciprocal_rank_fusion if params.fusion_method == "rrf" else weighted_fusion
-        extra = {"k": params.rrf_k} if params.fusion_method == "rrf" else {}
-        fused = fuse(
-            dense,
-            keyword,
-            [hit.chunk_id for hit in dense_hits],
-            [hit.chunk_id for hit in keyword_hits],
-            vector_weight=params.vector_weight,
-            keyword_weight=params.keyword_weight,
-            **extra,
-        )
-        return dense_hits, fused
-
     def _keyword_leg(
         self,
-        collection: CollectionInfo,
+        collection_id: str,
         terms: list[str],
         pool: int,
         metadata_filter: MetadataFilter | None,
         params: HybridParams,
-    ) -> tuple[list[ScoredChunk], dict[str, int]]:
-        """BM25 candidates and the query's terms with their weights.
-
-        A title boost weights the FTS column, a metadata-field boost rescales hits. With RM3 expansion the
-        first pass's best chunks give RM3 its feedback, and the expanded query's hits replace the first
-        pass's.
-        """
+    ) -> list[ScoredChunk]:
+        """BM25 candidates; a title boost weights the FTS column, a metadata-field boost rescales hits."""
         if not terms:
-            return [], {}
+            return []
         store = self.context.store
         title_weight = params.keyword_boost if "title" in params.keyword_boost_fields else 1.0
         query = KeywordQuery.of(terms, title_weight, params.keyword_scoring)
-        hits = store.keyword_search(collection.id, query, pool, metadata_filter)
-        if params.query_expansion == "rm3" and hits:
-            query = self._expanded(collection, query, hits)
-            hits = store.keyword_search(collection.id, query, pool, metadata_filter)
+        hits = store.keyword_search(collection_id, query, pool, metadata_filter)
         metadata_fields = [f for f in params.keyword_boost_fields if f != "title"]
         if not metadata_fields or not hits:
-            return hits, query.terms
-        chunks = {c.chunk_id: c for c in store.get_chunks(collection.id, [h.chunk_id for h in hits])}
+            return hits
+        chunks = {c.chunk_id: c for c in store.get_chunks(collection_id, [h.chunk_id for h in hits])}
         boosted = [
             ScoredChunk(hit.chunk_id, hit.score * params.keyword_boost)
             if _metadata_mentions(chunks.get(hit.chunk_id), metadata_fields, terms)
             else hit
             for hit in hits
         ]
-        return sorted(boosted, key=lambda h: -h.score), query.terms
-
-    def _expanded(
-        self, collection: CollectionInfo, query: KeywordQuery, hits: list[ScoredChunk]
-    ) -> KeywordQuery:
-        """The query expanded by RM3 from the first pass's best chunks (title and text, as indexed)."""
-        store = self.context.store
-        best = hits[:RM3_FEEDBACK_CHUNKS]
-        chunks = {c.chunk_id: c for c in store.get_chunks(collection.id, [h.chunk_id for h in best])}
-        feedback = [
-            (f"{chunks[h.chunk_id].title} {chunks[h.chunk_id].content}", h.score)
-            for h in best
-            if h.chunk_id in chunks
-        ]
-        vocabulary = self._vocabulary(collection)
-        terms = rm3_expansion(list(query.terms), feedback, vocabulary, store.chunk_count(collection.id))
-        return KeywordQuery(terms, query.title_weight, query.scoring)
+        return sorted(boosted, key=lambda h: -h.score)
 
     def _repair(self, collection: CollectionInfo, terms: list[str]) -> FuzzyRepair:
         """Fuzzy-repair the terms that match nothing in this collection."""

@@ -2,18 +2,9 @@
 
 from typing import Any
 
-import numpy as np
 import pytest
 
 from iris_rag.backends.sqlite.store import match_expression
-from iris_rag.errors import InvalidParametersError
-from iris_rag.retrieval.feedback import (
-    RM3_SCALE,
-    ROCCHIO_BETA,
-    ROCCHIO_FEEDBACK_CHUNKS,
-    rm3_expansion,
-    rocchio_vector,
-)
 from iris_rag.retrieval.keyword import repair_terms
 from iris_rag.service import RagService
 from iris_rag.stores.base import KeywordQuery
@@ -174,91 +165,3 @@ def test_keyword_index_follows_replace_and_delete(hybrid_service: RagService) ->
     assert hybrid(hybrid_service, "glaciers", keyword_only)["retrieved_documents"] == []
     dense = hybrid(hybrid_service, "glaciers", {"vector_weight": 1.0, "keyword_weight": 0.0}, top_k=5)
     assert "volcano" not in ids(dense)
-
-
-def test_rm3_expansion_weights_by_hand() -> None:
-    # Two feedback chunks, scores 3 and 1: P(chunk | query) 0.75 and 0.25. Chunk one's terms (stems):
-    # sedat x2, propofol, ketamin (4 terms); chunk two's: sedat, surgeri (2). "the" is a stopword, "42" a
-    # digit, "x" one letter: none counts. "common" is in every chunk of a 20-chunk collection: left out.
-    feedback = [
-        ("Sedation sedation propofol ketamine the 42 x common", 3.0),
-        ("sedation surgery common", 1.0),
-    ]
-    vocabulary = {"sedat": 2, "propofol": 1, "ketamin": 1, "surgeri": 1, "common": 20}
-    model = {
-        "sedat": 0.75 * 2 / 4 + 0.25 * 1 / 3,
-        "propofol": 0.75 / 4,
-        "ketamin": 0.75 / 4,
-        "surgeri": 0.25 / 3,
-    }
-    mass = sum(model.values())
-    weights = {"ketamine": 0.5 + 0.5 * model["ketamin"] / mass}
-    weights.update({t: 0.5 * model[t] / mass for t in ("sedat", "propofol", "surgeri")})
-    heaviest = max(weights.values())
-    expected = {t: max(1, round(RM3_SCALE * w / heaviest)) for t, w in weights.items()}
-    assert rm3_expansion(["ketamine"], feedback, vocabulary, 20) == expected
-    assert expected["ketamine"] == RM3_SCALE, "the query's own term keeps its spelling and the top weight"
-    assert rm3_expansion(["ketamine", "dose"], [], vocabulary, 20) == {"ketamine": 1, "dose": 1}
-    assert rm3_expansion([], feedback, vocabulary, 20) == {}
-
-
-def test_query_expansion_finds_what_the_terms_miss(service: RagService) -> None:
-    # "propofol" holds no query term: plain BM25 cannot find it; RM3 adds "sedat" (sedation's stem) and
-    # "anaesthesia" from the chunks that hold "ketamine", and the expanded query reaches it. Thirty unrelated
-    # chunks keep those terms under the tenth-of-the-collection limit.
-    documents = [
-        {"id": "k1", "title": "Ketamine", "content": "Ketamine gives sedation and anaesthesia."},
-        {"id": "k2", "title": "Ketamine use", "content": "Ketamine sedation in anaesthesia practice."},
-        {"id": "propofol", "title": "Propofol", "content": "Propofol sedation for anaesthesia."},
-        *(
-            {"id": f"w{i}", "title": "Weather", "content": f"Rain and wind today, report {i}."}
-            for i in range(30)
-        ),
-    ]
-    service.ingest({"collection_id": "docs", "documents": documents})
-    keyword_only: dict[str, Any] = {"vector_weight": 0.0, "keyword_weight": 1.0}
-    plain = hybrid(service, "ketamine", keyword_only, top_k=5)
-    expanded = hybrid(service, "ketamine", {**keyword_only, "query_expansion": "rm3"}, top_k=5)
-    assert ids(plain) == ["k1", "k2"] or ids(plain) == ["k2", "k1"]
-    assert set(ids(expanded)) == {"k1", "k2", "propofol"}
-    assert ids(expanded)[-1] == "propofol", "the query's own term still weighs most"
-    specific = expanded["metadata"]["technique_specific"]
-    assert specific["query_expansion"] == "rm3"
-    assert {"sedat", "anaesthesia"} <= set(specific["expansion_terms"])
-    assert not {"ketamine", "ketamin"} & set(specific["expansion_terms"]), "a query term is not added again"
-    assert plain["metadata"]["technique_specific"]["expansion_terms"] == []
-    assert plain["metadata"]["technique_specific"]["query_expansion"] == "none"
-
-
-@pytest.mark.parametrize("value", ["yes", "RM3", True, None])
-def test_query_expansion_takes_only_its_names(hybrid_service: RagService, value: Any) -> None:
-    with pytest.raises(InvalidParametersError, match="query_expansion"):
-        hybrid(hybrid_service, "aspirin", {"query_expansion": value})
-
-
-def test_rocchio_vector_by_hand() -> None:
-    query = np.array([1.0, 0.0], dtype=np.float32)
-    feedback = [np.array([0.0, 1.0], dtype=np.float32), np.array([0.6, 0.8], dtype=np.float32)]
-    # 1 x query + 0.5 x mean([0, 1], [0.6, 0.8]) = [1.15, 0.45], then unit length.
-    expected = np.array([1.15, 0.45]) / np.hypot(1.15, 0.45)
-    assert ROCCHIO_BETA == 0.5
-    assert rocchio_vector(query, feedback) == pytest.approx(expected)
-    assert rocchio_vector(query, []) is query
-
-
-def test_rocchio_expansion_reruns_the_dense_leg_with_the_moved_vector(hybrid_service: RagService) -> None:
-    query, dense_only = "blood sugar treatment", {"vector_weight": 1.0, "keyword_weight": 0.0}
-    plain = hybrid(hybrid_service, query, dense_only, top_k=5)
-    moved = hybrid(hybrid_service, query, {**dense_only, "query_expansion": "rocchio"}, top_k=5)
-    assert moved["metadata"]["technique_specific"]["query_expansion"] == "rocchio"
-    # The moved vector: the query's, plus half the mean of the first pass's three best chunks' vectors.
-    store, embedder = hybrid_service.store, hybrid_service.embedder
-    best = [d["chunk_id"] for d in plain["retrieved_documents"][:ROCCHIO_FEEDBACK_CHUNKS]]
-    vectors = store.chunk_vectors("docs", best)
-    vector = rocchio_vector(embedder.encode_query(query), [vectors[c] for c in best])
-    for document in moved["retrieved_documents"]:
-        cosine = float(store.chunk_vectors("docs", [document["chunk_id"]])[document["chunk_id"]] @ vector)
-        assert document["score_details"]["dense_score"] == pytest.approx(cosine, abs=1e-5)
-    plain_scores = [d["score_details"]["dense_score"] for d in plain["retrieved_documents"]]
-    moved_scores = [d["score_details"]["dense_score"] for d in moved["retrieved_documents"]]
-    assert plain_scores != moved_scores
