@@ -489,6 +489,44 @@ def _per_query(
     return np.array([measured.get(q, {}).get("ndcg@10", 0.0) for q in data.queries])
 
 
+def subset(dataset_path: Path, collection_id: str, out: Path) -> None:
+    """A BEIR folder of the corpus documents the collection holds, and of the judgments on them.
+
+    For a collection that holds part of the corpus (a snapshot of an ingest under way): each split keeps
+    the queries with at least one relevant document in the collection, and only those judgments.
+    """
+    service = RagService(Settings())
+    try:
+        held = set(service.store.document_ids(collection_id))
+    finally:
+        service.close()
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    with (
+        (dataset_path / "corpus.jsonl").open(encoding="utf-8") as source,
+        (out / "corpus.jsonl").open("w", encoding="utf-8") as target,
+    ):
+        target.writelines(line for line in source if line.strip() and str(json.loads(line)["_id"]) in held)
+    for split, queries_file in (("train", "queries_train.jsonl"), ("test", "queries.jsonl")):
+        qrels = dataset_path / "qrels" / f"{split}.tsv"
+        if not qrels.exists():
+            continue
+        header, *rows = [line.rstrip("\n").split("\t") for line in qrels.open(encoding="utf-8")]
+        kept = [row for row in rows if len(row) >= 3 and row[1] in held]
+        queries = {row[0] for row in kept}
+        (out / "qrels" / f"{split}.tsv").write_text(
+            "".join("\t".join(row) + "\n" for row in [header, *kept]), encoding="utf-8"
+        )
+        with (
+            (dataset_path / queries_file).open(encoding="utf-8") as source,
+            (out / f"queries_{split}.jsonl").open("w", encoding="utf-8") as target,
+        ):
+            target.writelines(
+                line for line in source if line.strip() and str(json.loads(line)["_id"]) in queries
+            )
+        print(f"subset: {split}: {len(queries)} queries, {len(kept)} judgments", file=sys.stderr)
+    print(f"subset: {len(held)} documents", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -502,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--limit", type=int, default=0)
     c.add_argument("--colbert", action="store_true")
     c.add_argument("--out", type=Path, required=True)
+    b = sub.add_parser("subset", help="a BEIR folder restricted to the documents a collection holds")
+    b.add_argument("--dataset", type=Path, required=True)
+    b.add_argument("--collection", default="eval-scifact")
+    b.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("score")
     s.add_argument("data", type=Path)
     s.add_argument("--dataset", type=Path, default=Path("../shared/data/scifact"))
@@ -509,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--baseline", help="a variant's name: print each variant's paired nDCG@10 difference")
     s.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
+    if args.command == "subset":
+        subset(args.dataset, args.collection, args.out)
+        return 0
     if args.command == "collect":
         dataset = load_beir(args.dataset, args.split)
         if args.limit:
