@@ -389,7 +389,33 @@ def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]
 
         return run
 
+    def colbert_rerank(depth: int) -> Callable[[QueryLegs, Mapping[str, str]], list[str]]:
+        """Today's fusion, then its top `depth` chunks re-fused with the ColBERT leg (1/3 each leg)."""
+
+        def run(q: QueryLegs, d: Mapping[str, str]) -> list[str]:
+            cands = q.dense_top_set | q.keyword.keys()
+            first = fused(
+                [(0.5, _restrict(q.dense, cands), "minmax"), (0.5, q.keyword, "bm25")],
+                d,
+                document_level=False,
+            )
+            order = ranked(first)
+            top = order[:depth]
+            legs = [
+                (1 / 3, _restrict(q.dense, top), "minmax"),
+                (1 / 3, _restrict(q.keyword, top), "bm25"),
+                (1 / 3, _restrict(q.colbert, top), "minmax"),
+            ]
+            head = fused(legs, d, document_level=False)
+            rest = {c: -1.0 - i for i, c in enumerate(order[depth:])}
+            return documents({**head, **rest}, d)
+
+        return run
+
     table: dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]] = {
+        "colbert rerank of the fused top 20": colbert_rerank(20),
+        "colbert rerank of the fused top 30": colbert_rerank(30),
+        "colbert rerank of the fused top 50": colbert_rerank(50),
         "today (chunk, minmax+bm25/best, .5/.5)": today,
         "doc-level MaxP, .5/.5": make({"dense": 0.5, "keyword": 0.5}, doc=True),
         "dense alone": make({"dense": 1.0}),
