@@ -40,6 +40,12 @@ def main() -> None:
     parser.add_argument("--weights", default="0.1,0.2,0.3,0.4,0.5")
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--limit-queries", type=int, default=None)
+    parser.add_argument(
+        "--present-only",
+        action="store_true",
+        help="for a collection that holds part of the corpus: score only the queries with a relevant "
+        "document in it, against the relevant documents it holds",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     limit_blas_threads()
@@ -58,9 +64,15 @@ def main() -> None:
         models = [validate_params(service, spec) for spec in specs]
         pipelines = [service.pipelines[spec.base] for spec in specs]
         collection = pipelines[0].resolve_collection(args.collection)
+        qrels = dataset.qrels
+        if args.present_only:
+            present = set(service.store.document_ids(collection.id))
+            qrels = {q: {d: r for d, r in rel.items() if d in present} for q, rel in qrels.items()}
+            qrels = {q: rel for q, rel in qrels.items() if any(r > 0 for r in rel.values())}
+        queries = {q: text for q, text in dataset.queries.items() if q in qrels}
         rankings: list[dict[str, list[str]]] = [{} for _ in specs]
         times: list[list[float]] = [[] for _ in specs]
-        for query_id, text in dataset.queries.items():
+        for query_id, text in queries.items():
             for i, (pipeline, model) in enumerate(zip(pipelines, models, strict=True)):
                 started = time.perf_counter()
                 rankings[i][query_id] = rank(pipeline, collection, text, query_id, args.k, model)
@@ -69,7 +81,7 @@ def main() -> None:
         service.close()
     results: dict[str, Any] = {}
     for spec, ranking, elapsed in zip(specs, rankings, times, strict=True):
-        metrics = score_run({q: dataset.qrels[q] for q in ranking}, ranking)
+        metrics = score_run({q: qrels[q] for q in ranking}, ranking)
         results[spec.name] = {
             **{key: round(value, 5) for key, value in metrics.items()},
             "p50_ms": round(float(np.percentile(elapsed, 50)), 3),
@@ -81,7 +93,8 @@ def main() -> None:
             "benchmark": "rag_hyde no-LLM grid against rag_basic (the first query of each is its encode)",
             "dataset": str(args.dataset),
             "split": args.split,
-            "queries": len(dataset.queries),
+            "queries": len(queries),
+            "present_only": args.present_only,
             "k": args.k,
             "collection": args.collection,
             "results": results,
