@@ -32,10 +32,11 @@ Vector = npt.NDArray[np.float32]
 SEGMENT_TOKENS = 200
 # The LLM may write up to this many tokens per requested token; the text is then cut to the length.
 LLM_TOKEN_ALLOWANCE = 1.25
-# Texts per encoder batch at query time. The encoder pads a batch to its longest text; the first pass's
-# sentences run from a few word pieces to 80, so one batch of all of them (the default 64) was mostly
-# padding. In batches of 4 (the encoder sorts texts by length first) the same vectors (to 2e-7) took a
-# quarter of the time (docs/benchmarks.md, "Where rag_basic's time goes").
+# Texts per encoder batch at query time (an LLM hypothesis's segments). The encoder pads a batch to its
+# longest text; when the no-LLM hypothesis still encoded the first pass's sentences (a few word pieces to
+# 80 each), one batch of all of them was mostly padding, and batches of 4 (the encoder sorts texts by
+# length first) gave the same vectors (to 2e-7) in a quarter of the time (docs/benchmarks.md, "Where
+# rag_basic's time goes").
 QUERY_TIME_BATCH = 4
 
 HYPOTHESIS_PROMPT = (
