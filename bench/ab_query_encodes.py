@@ -5,7 +5,8 @@ a shared machine hits every variant alike; each variant gets its own query text 
 finds a vector another one left in the embedder's memory of recent queries. Generation off, top_k 5.
 
 - hyde: the first pass's sentences encoded in one batch (64, the embedder's default: before) or 4 at a time
-  (`QUERY_TIME_BATCH`: after);
+  (`QUERY_TIME_BATCH`: after). Since issue 18 the no-LLM hypothesis encodes no sentences (it averages the
+  first pass's stored vectors), so both hyde variants now time the same code; kept for the record;
 - graphrag: the query and its phrases in one batch (before), each as a query of its own (tried), or the
   query as a query beside one batch of the phrases (after).
 

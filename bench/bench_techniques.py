@@ -4,7 +4,9 @@
 ask for: top_k stops at 50). This times the call a client makes: `RagService.execute` in process (the
 MCP front end and bridge add their own ~1 ms, see bench_latency), `options.generate` false, on a collection
 that is already ingested (for example the one `iris-rag eval` built). Queries run in file order, each
-technique in turn per query, so the drift of a shared machine hits every technique alike.
+technique in turn per query, so the drift of a shared machine hits every technique alike. Each call
+encodes its query: until issue 18 every technique after the first found the vector the first had left
+in the embedder's memory of recent queries, and so was timed without its encode.
 
     .venv/bin/python -m bench.bench_techniques --collection eval-scifact \\
         --queries ../shared/data/scifact/queries.jsonl --techniques hybrid_ifind,colbert --top-k 5,50
@@ -45,10 +47,12 @@ def main() -> None:
     times: dict[str, list[float]] = {f"{t}@{k}": [] for t in techniques for k in top_ks}
     try:
         for i, query in enumerate(queries[: args.warmup] + queries):
-            for technique in techniques:
-                for top_k in top_ks:
+            for t, technique in enumerate(techniques):
+                for k, top_k in enumerate(top_ks):
                     arguments = {
-                        "query": query,
+                        # Trailing spaces, which the tokenizer drops: the same vector, but each call its
+                        # own text, so none finds the query vector an earlier call left remembered.
+                        "query": query + " " * (t * len(top_ks) + k),
                         "collection_id": args.collection,
                         "options": {"top_k": top_k, "generate": False},
                     }

@@ -1,11 +1,12 @@
 """HyDE (Gao et al. 2022): search with the embedding of a hypothetical document that would answer the query.
 
 A document that answers the query sits closer to the relevant documents than the short query does. With
-an LLM configured it writes the hypothetical passage ("llm"); without one, the passage is a pseudo-
-document of the sentences of the first-pass chunks that are most similar to the query ("prf", pseudo-
-relevance feedback). The passage is embedded (in sentence-aligned segments when it is longer than the
-model reads at once, their vectors averaged, as the paper averages several hypotheses) and used alone,
-averaged with the query's embedding, or mixed with it by hypothesis_weight.
+an LLM configured it writes the hypothetical passage ("llm"), which is embedded (in sentence-aligned
+segments when it is longer than the model reads at once, their vectors averaged, as the paper averages
+several hypotheses). Without one, the hypothesis is the mean of the stored vectors of the first pass's
+top chunks ("prf": dense pseudo-relevance feedback, Rocchio's method on embeddings), so nothing is encoded
+but the query. The hypothesis vector is used alone, averaged with the query's embedding, or mixed with it
+by hypothesis_weight.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ Vector = npt.NDArray[np.float32]
 SEGMENT_TOKENS = 200
 # The LLM may write up to this many tokens per requested token; the text is then cut to the length.
 LLM_TOKEN_ALLOWANCE = 1.25
-# Texts per encoder batch at query time. The encoder pads a batch to its longest text; the first pass's
-# sentences run from a few word pieces to 80, so one batch of all of them (the default 64) was mostly
-# padding. In batches of 4 (the encoder sorts texts by length first) the same vectors (to 2e-7) took a
-# quarter of the time (docs/benchmarks.md, "Where rag_basic's time goes").
+# Texts per encoder batch at query time (an LLM hypothesis's segments). The encoder pads a batch to its
+# longest text; when the no-LLM hypothesis still encoded the first pass's sentences (a few word pieces to
+# 80 each), one batch of all of them was mostly padding, and batches of 4 (the encoder sorts texts by
+# length first) gave the same vectors (to 2e-7) in a quarter of the time (docs/benchmarks.md, "Where
+# rag_basic's time goes").
 QUERY_TIME_BATCH = 4
 
 HYPOTHESIS_PROMPT = (
@@ -53,18 +55,18 @@ class HydeParams(BaseModel):
     generate_hypothetical: bool = True
     hypothesis_length: int = Field(200, ge=50, le=500)
     combine_strategy: Literal["auto", "replace", "combine", "weighted"] = "auto"
-    hypothesis_weight: float = Field(0.2, ge=0, le=1)
-    prf_depth: int = Field(5, ge=1, le=20)
+    hypothesis_weight: float = Field(0.1, ge=0, le=1)
+    prf_depth: int = Field(2, ge=1, le=20)
 
 
 @dataclass(frozen=True, slots=True)
 class Hypothesis:
     """The hypothetical document, how it was made, and its embedding."""
 
-    text: str
+    text: str | None  # None for the first pass's mean vector, which no text was embedded for
     source: str
     tokens: int
-    segments: int
+    segments: int  # segments embedded (llm), chunk vectors averaged (prf)
     vector: Vector
     report: dict[str, Any]
 
@@ -78,10 +80,11 @@ def combined_vector(query: Vector, hypothesis: Vector, weight: float) -> Vector:
 
 
 def effective_strategy(params: HydeParams, source: str) -> str:
-    """auto: replace for an LLM-written hypothesis (HyDE as published), else weighted (the pseudo-document).
+    """auto: replace for an LLM-written hypothesis (HyDE as published), else weighted (the feedback vector).
 
-    Without an LLM the pseudo-document alone ranked below plain dense retrieval (SciFact train nDCG@10
-    0.65 against 0.679); mixed in at hypothesis_weight 0.2 it ranked 0.680 (docs/techniques/hyde.md).
+    Without an LLM the first pass's mean vector alone ranks well below the query (it drifts to whatever
+    the first pass found); mixed in at hypothesis_weight 0.1 from the top 2 chunks it ranked best on
+    SciFact train (docs/techniques/hyde.md).
     """
     if params.combine_strategy != "auto":
         return params.combine_strategy
@@ -123,12 +126,14 @@ class HydePipeline(Pipeline):
             hypothesis = self.hypothesis(query, collection, query_vector, params, metadata_filter)
             weight = hypothesis_weight(params, hypothesis.source)
             search_vector = combined_vector(query_vector, hypothesis.vector, weight)
+            specific |= {"hypothesis": hypothesis.text, "hypothesis_source": hypothesis.source}
+            if hypothesis.text is not None:
+                specific |= {
+                    "hypothesis_tokens": hypothesis.tokens,
+                    "hypothesis_length": params.hypothesis_length,
+                    "hypothesis_segments": hypothesis.segments,
+                }
             specific |= {
-                "hypothesis": hypothesis.text,
-                "hypothesis_source": hypothesis.source,
-                "hypothesis_tokens": hypothesis.tokens,
-                "hypothesis_length": params.hypothesis_length,
-                "hypothesis_segments": hypothesis.segments,
                 "combine_strategy": effective_strategy(params, hypothesis.source),
                 "hypothesis_weight": weight,
                 "query_hypothesis_cosine": round(float(query_vector @ hypothesis.vector), 6),
@@ -136,7 +141,7 @@ class HydePipeline(Pipeline):
             }
             if not hypothesis.segments:
                 specific["note"] = (
-                    "the hypothesis is empty (no first-pass text), so the query alone was searched"
+                    "the hypothesis is empty (nothing in the first pass), so the query alone was searched"
                 )
 
         hits = store.vector_search(collection.id, search_vector, options.top_k, metadata_filter)
@@ -170,72 +175,57 @@ class HydePipeline(Pipeline):
         params: HydeParams,
         metadata_filter: MetadataFilter | None,
     ) -> Hypothesis:
-        """The LLM's hypothetical passage, or the pseudo-document of the first pass; cut and embedded."""
-        report: dict[str, Any] = {}
-
-        def pseudo_document() -> str:
-            text, feedback = self.pseudo_document(
-                collection, query_vector, params.hypothesis_length, params.prf_depth, metadata_filter
-            )
-            report.update(feedback)
-            return text
-
+        """The LLM's hypothetical passage, cut and embedded; or, without one, the first pass's mean vector."""
         words = max(1, round(params.hypothesis_length * 0.75))
         produced = self._llm.produce(
             HYPOTHESIS_PROMPT,
             f"Write about {words} words ({params.hypothesis_length} tokens).\n\nQuery: {query}",
             max_tokens=round(params.hypothesis_length * LLM_TOKEN_ALLOWANCE),
             fallback_name="prf",
-            fallback=pseudo_document,
+            fallback=str,
             clean=strip_label,
         )
-        if produced.error:
-            report["llm_error"] = produced.error
         check_cancelled()
+        if produced.source != "llm":
+            hypothesis = self.feedback(collection, query_vector, params.prf_depth, metadata_filter)
+            if produced.error:
+                hypothesis.report["llm_error"] = produced.error
+            return hypothesis
         text = self.cut(produced.text, params.hypothesis_length)
         vector, segments = self.embed_long(text)
-        return Hypothesis(text, produced.source, self.count_tokens(text), segments, vector, report)
+        return Hypothesis(text, produced.source, self.count_tokens(text), segments, vector, {})
 
-    def pseudo_document(
+    def feedback(
         self,
         collection: CollectionInfo,
         query_vector: Vector,
-        length: int,
         depth: int,
         metadata_filter: MetadataFilter | None,
-    ) -> tuple[str, dict[str, Any]]:
-        """The sentences of the top `depth` first-pass chunks most like the query, up to `length` tokens.
+    ) -> Hypothesis:
+        """The no-LLM hypothesis: the mean of the unit vectors of the query's top `depth` chunks.
 
-        Sentences are ranked by cosine similarity to the query (repeats from overlapping chunks counted
-        once) and taken best first while they fit; the passage reads in that order.
+        The vectors are the ones stored at ingest, so this costs a search and no encode. An earlier
+        pseudo-document of the first pass's sentences, embedded per query, was 10 times slower and ranked
+        lower on SciFact train (docs/techniques/hyde.md).
         """
         store = self.context.store
         hits = store.vector_search(collection.id, query_vector, depth, metadata_filter)
-        chunks = store.get_chunks(collection.id, [hit.chunk_id for hit in hits])
-        sentences = list(dict.fromkeys(s.text for chunk in chunks for s in split_sentences(chunk.content)))
+        chunk_ids = [hit.chunk_id for hit in hits]
+        stored = store.chunk_vectors(collection.id, chunk_ids)
+        chunks = store.get_chunks(collection.id, chunk_ids)
         report: dict[str, Any] = {
             "prf_documents": list(dict.fromkeys(chunk.document_id for chunk in chunks)),
-            "prf_sentences": len(sentences),
+            "prf_chunks": [c for c in chunk_ids if c in stored],
         }
-        if not sentences:
-            report["prf_sentences_used"] = 0
-            return "", report
-        check_cancelled()
-        similarity = self.context.embedder.encode(sentences, batch_size=QUERY_TIME_BATCH) @ query_vector
-        counts = self.token_counts(sentences)
-        chosen: list[str] = []
-        used = 0
-        for index in np.argsort(-similarity, kind="stable"):
-            sentence = sentences[int(index)]
-            tokens = counts[int(index)]
-            if chosen and used + tokens > length:
-                continue
-            chosen.append(sentence)
-            used += tokens
-            if used >= length:
-                break
-        report["prf_sentences_used"] = len(chosen)
-        return " ".join(chosen), report
+        vectors = [stored[c].astype(np.float32) for c in chunk_ids if c in stored]
+        if not vectors:
+            return Hypothesis(None, "prf", 0, 0, np.zeros(len(query_vector), dtype=np.float32), report)
+        matrix = np.stack(vectors)
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        mean = (matrix / np.where(norms > 0, norms, 1.0)).mean(axis=0)
+        norm = float(np.linalg.norm(mean))
+        vector: Vector = (mean / norm if norm > 0 else mean).astype(np.float32)
+        return Hypothesis(None, "prf", 0, len(vectors), vector, report)
 
     def count_tokens(self, text: str) -> int:
         """Word pieces of the embedding model's tokenizer (what "tokens" means for hypothesis_length)."""

@@ -105,7 +105,8 @@ async def test_tool_list_fits_a_small_budget_and_says_which_tool_to_start_with(
     assert "Start with rag_hybrid_ifind" in server_instructions
     hyde = next(tool for tool in listed.tools if tool.name == "rag_hyde")
     assert hyde.description is not None
-    assert "Without an LLM it ranks like rag_basic but slower" in hyde.description
+    # Issue 17: the description says what the no-LLM default is (issue 18: the feedback vector).
+    assert "Without an LLM, with the query mixed with its top 2 passages' vectors" in hyde.description
 
 
 async def test_a_technique_result_reads_as_answer_and_numbered_sources(session: ClientSession) -> None:

@@ -1,4 +1,4 @@
-"""rag_hyde on a real store and model: PRF pseudo-document, LLM hypothesis, every parameter, filters.
+"""rag_hyde on a real store and model: PRF feedback vector, LLM hypothesis, every parameter, filters.
 
 The only test double is FakeOpenAIServer: a hosted OpenAI-compatible LLM cannot run here, so a loopback
 server that speaks the real HTTP API stands in for it.
@@ -139,22 +139,22 @@ def test_without_hypothesis_it_is_plain_dense_search(hyde_service: RagService) -
     ]
 
 
-def test_prf_pseudo_document_without_llm(hyde_service: RagService) -> None:
+def test_prf_feedback_vector_without_llm(hyde_service: RagService) -> None:
     result = hyde(hyde_service, "heart attack prevention", top_k=5)
     spec = specific(result)
     assert spec["hypothesis_source"] == "prf"
-    # auto without an LLM: the pseudo-document is mixed in at hypothesis_weight (0.2), not used alone.
+    # auto without an LLM: the feedback vector is mixed in at hypothesis_weight (0.1), not used alone.
     assert spec["generate_hypothetical"] is True and spec["combine_strategy"] == "weighted"
-    assert spec["prf_documents"] == ids(basic(hyde_service, "heart attack prevention", top_k=5))
-    # Made of the first-pass sentences, most query-like first, within the length.
-    assert spec["hypothesis"].startswith(
-        ("Daily low-dose aspirin", "Lower cholesterol means fewer heart attacks")
+    plain = basic(hyde_service, "heart attack prevention", top_k=2)  # prf_depth's default
+    assert spec["prf_documents"] == ids(plain)
+    # No text is embedded: the hypothesis is the mean of the first pass's stored chunk vectors.
+    assert (
+        spec["hypothesis"] is None and "hypothesis_tokens" not in spec and "hypothesis_segments" not in spec
     )
-    assert 0 < spec["hypothesis_tokens"] <= 200 and spec["hypothesis_length"] == 200
-    assert spec["prf_sentences_used"] <= spec["prf_sentences"]
-    assert spec["hypothesis_weight"] == 0.2
+    assert spec["prf_chunks"] == [d["chunk_id"] for d in plain["retrieved_documents"]]
+    assert spec["hypothesis_weight"] == 0.1
     replaced = hyde(hyde_service, "heart attack prevention", {"combine_strategy": "replace"}, top_k=5)
-    # replace: the hypothesis embedding alone ranks, so the score is the cosine to the hypothesis.
+    # replace: the hypothesis vector alone ranks, so the score is the cosine to the hypothesis.
     for document in replaced["retrieved_documents"]:
         assert document["similarity_score"] == pytest.approx(
             document["score_details"]["hypothesis_cosine"], abs=1e-5
@@ -162,13 +162,51 @@ def test_prf_pseudo_document_without_llm(hyde_service: RagService) -> None:
     assert specific(replaced)["hypothesis_weight"] == 1.0
 
 
-def test_hypothesis_length_cuts_the_pseudo_document(hyde_service: RagService) -> None:
-    short = hyde(hyde_service, "heart attack risk and bleeding", {"hypothesis_length": 50, "prf_depth": 5})
-    long = hyde(hyde_service, "heart attack risk and bleeding", {"hypothesis_length": 500, "prf_depth": 5})
-    assert specific(short)["hypothesis_tokens"] <= 50
-    assert specific(long)["hypothesis_tokens"] > specific(short)["hypothesis_tokens"]
-    assert specific(long)["prf_sentences_used"] > specific(short)["prf_sentences_used"]
-    assert [d["similarity_score"] for d in short["retrieved_documents"]] != [
+def test_prf_hypothesis_is_the_mean_of_the_stored_chunk_vectors(hyde_service: RagService) -> None:
+    """Checked against the store's own vectors: the cosine of each result to the hypothesis."""
+    import numpy as np
+
+    service = hyde_service
+    result = hyde(service, "stomach bleeding", {"prf_depth": 3, "combine_strategy": "replace"}, top_k=5)
+    spec = specific(result)
+    assert len(spec["prf_chunks"]) == 3
+    store = service.store
+    collection = store.get_collection("docs")
+    assert collection is not None
+    stored = store.chunk_vectors(collection.id, spec["prf_chunks"])
+    mean = np.mean([v / np.linalg.norm(v) for v in stored.values()], axis=0)
+    mean /= np.linalg.norm(mean)
+    documents = result["retrieved_documents"]
+    vectors = store.chunk_vectors(collection.id, [d["chunk_id"] for d in documents])
+    for document in documents:
+        vector = vectors[document["chunk_id"]]
+        expected = float(vector @ mean / np.linalg.norm(vector))
+        assert document["score_details"]["hypothesis_cosine"] == pytest.approx(expected, abs=1e-5)
+    # replace with one feedback chunk: that chunk is its own best match.
+    one = hyde(service, "stomach bleeding", {"prf_depth": 1, "combine_strategy": "replace"}, top_k=1)
+    assert [d["chunk_id"] for d in one["retrieved_documents"]] == specific(one)["prf_chunks"]
+
+
+def test_prf_encodes_nothing_but_the_query(hyde_service: RagService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point of the feedback vector (issue 18): no text of the first pass is encoded per call."""
+    embedder = hyde_service.embedder
+    calls: list[int] = []
+    original = embedder.encode
+
+    def counting(texts: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(texts))
+        return original(texts, *args, **kwargs)
+
+    monkeypatch.setattr(embedder, "encode", counting)
+    result = hyde(hyde_service, "which painkillers damage the stomach lining?", {"prf_depth": 5})
+    assert specific(result)["hypothesis_source"] == "prf" and result["retrieved_documents"]
+    assert calls == []
+
+
+def test_hypothesis_length_does_not_change_the_feedback_vector(hyde_service: RagService) -> None:
+    short = hyde(hyde_service, "heart attack risk and bleeding", {"hypothesis_length": 50})
+    long = hyde(hyde_service, "heart attack risk and bleeding", {"hypothesis_length": 500})
+    assert [d["similarity_score"] for d in short["retrieved_documents"]] == [
         d["similarity_score"] for d in long["retrieved_documents"]
     ]
     with pytest.raises(InvalidParametersError):
@@ -177,10 +215,10 @@ def test_hypothesis_length_cuts_the_pseudo_document(hyde_service: RagService) ->
 
 def test_prf_depth_chooses_the_feedback_chunks(hyde_service: RagService) -> None:
     one = hyde(hyde_service, "heart attack risk", {"prf_depth": 1})
-    five = hyde(hyde_service, "heart attack risk", {"prf_depth": 5, "hypothesis_length": 500})
+    five = hyde(hyde_service, "heart attack risk", {"prf_depth": 5})
     assert len(specific(one)["prf_documents"]) == 1
     assert len(specific(five)["prf_documents"]) == 5
-    assert specific(one)["hypothesis"] != specific(five)["hypothesis"]
+    assert specific(one)["query_hypothesis_cosine"] != specific(five)["query_hypothesis_cosine"]
 
 
 def _expected(details: dict[str, Any], weight: float, cosine: float) -> float:
@@ -233,7 +271,7 @@ def test_combined_vector_is_unit_length() -> None:
     assert np.allclose(combined_vector(q, h, 0.0), q) and np.allclose(combined_vector(q, h, 1.0), h)
 
 
-def test_filters_apply_to_the_pseudo_document_and_the_search(hyde_service: RagService) -> None:
+def test_filters_apply_to_the_feedback_and_the_search(hyde_service: RagService) -> None:
     result = hyde(
         hyde_service, "heart attack", top_k=5, filters={"topic": "cardiology", "year": {"lt": 2019}}
     )
@@ -241,7 +279,7 @@ def test_filters_apply_to_the_pseudo_document_and_the_search(hyde_service: RagSe
     assert specific(result)["prf_documents"] == ["statins"]
     assert result["metadata"]["filters"]["matched_documents"] == 1
     nothing = hyde(hyde_service, "heart attack", filters={"colour": "red"})
-    assert nothing["retrieved_documents"] == [] and specific(nothing)["hypothesis"] == ""
+    assert nothing["retrieved_documents"] == [] and specific(nothing)["prf_chunks"] == []
     assert "note" in specific(nothing)
 
 

@@ -6,8 +6,8 @@ Retrieval, step by step:
    cosine of their embeddings with the entity names' (embedded at ingest, loaded once per data version).
    Fuzzy and embedding matches must reach entity_threshold. A linked entity starts with score
    confidence * specificity (normalised IDF of the documents mentioning it).
-2. Walk (networkx, up to max_hops): the chunks that mention a linked entity are reached at hop 0. At each
-   hop the relations of the frontier entities are loaded into a networkx graph; the edge u -> v carries the
+2. Walk (up to max_hops): the chunks that mention a linked entity are reached at hop 0. At each
+   hop the relations of the frontier entities are loaded into an adjacency map; the edge u -> v carries the
    path on with score(u) * strength(u, v) * specificity(v), where strength is log(1 + weight(u, v)) over
    log(1 + the strongest weight at u); the chunks that evidence that relation are reached at this hop.
    A chunk's graph score combines its best path per linked entity as a noisy-OR: 1 - prod(1 - path score).
@@ -37,7 +37,7 @@ from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.techniques.graphrag.extraction import GENERIC, STOPWORDS, RuleExtractor, entity_key
-from iris_rag.techniques.graphrag.index import EntityTable, KnowledgeGraphIndex
+from iris_rag.techniques.graphrag.index import EntityTable, KnowledgeGraphIndex, text_hash
 from iris_rag.techniques.graphrag.storage import EntityRow, RelationRow
 from iris_rag.validation import validate_arguments
 
@@ -102,6 +102,14 @@ class Reach:
     relations: tuple[RelationRow, ...] = ()
 
 
+@dataclass(slots=True)
+class Edge:
+    """One entity pair of the walked graph: its weight (summed over relation types) and its relations."""
+
+    weight: float
+    relations: list[RelationRow]
+
+
 @dataclass
 class Walk:
     """What the graph walk reached."""
@@ -109,7 +117,21 @@ class Walk:
     chunks: dict[str, dict[int, Reach]] = field(default_factory=lambda: defaultdict(dict))
     entities_by_hop: list[int] = field(default_factory=list)
     relations_by_hop: list[int] = field(default_factory=list)
-    graph: nx.Graph = field(default_factory=nx.Graph)
+    # The relations loaded so far, undirected: graph[u][v] is graph[v][u], the same Edge. Plain dicts: a
+    # networkx Graph cost 8 us an edge to build, and a SciFact call loads thousands (docs/benchmarks.md).
+    graph: dict[int, dict[int, Edge]] = field(default_factory=lambda: defaultdict(dict))
+
+    def add_relation(self, relation: RelationRow) -> None:
+        """One edge per entity pair, its weight the sum over the pair's relation types (as _add_relation)."""
+        u, v = relation.source_id, relation.target_id
+        edge = self.graph[u].get(v)
+        if edge is None:
+            edge = Edge(relation.weight, [relation])
+            self.graph[u][v] = edge
+            self.graph[v][u] = edge
+        elif all(r.id != relation.id for r in edge.relations):
+            edge.relations.append(relation)
+            edge.weight += relation.weight
 
     def reach(self, chunk_id: str, start: int, reach: Reach) -> None:
         """Keep the best path from each linked entity to the chunk."""
@@ -148,13 +170,66 @@ def _sub_phrases(phrase: str) -> list[str]:
     return subs
 
 
+class FuzzyKeys:
+    """A bound that rules out most entity keys before rapidfuzz scores them, without changing any match.
+
+    fuzz.ratio is 100 * (1 - indel / (len(a) + len(b))), and the indel distance is at least
+    len(a) + len(b) - 2 * the characters the two have in common (as a multiset). So a key whose common
+    characters give a bound below the cutoff cannot reach it, and is left out; the rest are scored by
+    rapidfuzz, in their original order, so ties come out as before. On a third of SciFact (42,000 keys)
+    rapidfuzz over every key took 8 ms a phrase.
+    """
+
+    COLUMNS = 47  # the most common characters each get a count; the rest share one (the bound stays valid)
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.lengths = np.array([len(key) for key in keys], dtype=np.int64)
+        # Every key's characters as code points, in one array; counted with bincount, no Python loop.
+        codes = np.frombuffer("".join(keys).encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        frequency = np.bincount(codes) if len(codes) else np.zeros(1, dtype=np.int64)
+        present = np.flatnonzero(frequency)
+        common = present[np.argsort(-frequency[present], kind="stable")][: self.COLUMNS]
+        column_of = np.full(len(frequency), self.COLUMNS, dtype=np.int64)
+        column_of[common] = np.arange(len(common))
+        self.column = {chr(int(code)): int(column_of[code]) for code in common}
+        rows = np.repeat(np.arange(len(keys)), self.lengths)
+        counts = np.bincount(column_of[codes] * len(keys) + rows, minlength=(self.COLUMNS + 1) * len(keys))
+        # A column per character (a query touches only its own few); counts over 255 are clipped, which
+        # is exact for a query key of at most 255 characters (longer ones are scored without the bound).
+        self.counts = np.minimum(counts, 255).astype(np.uint8).reshape(self.COLUMNS + 1, len(keys))
+
+    def extract(self, key: str, cutoff: float, limit: int) -> list[tuple[str, float, int]]:
+        """process.extract(key, keys, scorer=fuzz.ratio, score_cutoff=cutoff, limit=limit), the same list."""
+        if not self.keys:
+            return []
+        if len(key) > 255:
+            return process.extract(key, self.keys, scorer=fuzz.ratio, score_cutoff=cutoff, limit=limit)
+        histogram: dict[int, int] = defaultdict(int)
+        for char in key:
+            histogram[self.column.get(char, self.COLUMNS)] += 1
+        shared = np.zeros(len(self.keys), dtype=np.int16)  # at most 255 characters: no overflow
+        for column, count in histogram.items():
+            shared += np.minimum(self.counts[column], count)
+        bound = 200.0 * shared / np.maximum(self.lengths + len(key), 1)
+        positions = np.flatnonzero(bound >= cutoff - 1e-6)
+        found = process.extract(
+            key, [self.keys[i] for i in positions], scorer=fuzz.ratio, score_cutoff=cutoff, limit=limit
+        )
+        return [(candidate, score, int(positions[index])) for candidate, score, index in found]
+
+
 def link_entities(
     phrases: list[str],
     phrase_vectors: npt.NDArray[np.float32],
     table: EntityTable,
     threshold: float,
+    fuzzy: FuzzyKeys | None = None,
 ) -> list[LinkedEntity]:
-    """Match the query's phrases to entities: exactly, then fuzzily and by name embedding (>= threshold)."""
+    """Match the query's phrases to entities: exactly, then fuzzily and by name embedding (>= threshold).
+
+    `fuzzy`: the table's FuzzyKeys, kept by the caller across calls (built here when not given).
+    """
     if not table.rows:
         return []
     best: dict[int, LinkedEntity] = {}
@@ -183,11 +258,12 @@ def link_entities(
         key = entity_key(phrase)
         if not matched and len(key) >= 4:
             unmatched.append((phrase, key))
+    if unmatched and fuzzy is None:
+        fuzzy = FuzzyKeys(table.keys)
     for phrase, key in unmatched:
+        assert fuzzy is not None
         digits = _DIGITS.findall(key)
-        for candidate, score, position in process.extract(
-            key, table.keys, scorer=fuzz.ratio, score_cutoff=threshold * 100, limit=MATCHES_PER_PHRASE * 3
-        ):
+        for candidate, score, position in fuzzy.extract(key, threshold * 100, MATCHES_PER_PHRASE * 3):
             # BRCA1 is not BRCA2: a fuzzy match must keep the numbers.
             if _DIGITS.findall(candidate) == digits and candidate != key:
                 offer(table.rows[position].id, "fuzzy", score / 100, phrase)
@@ -195,7 +271,12 @@ def link_entities(
         similarities = table.vectors @ phrase_vectors.T
         for column, phrase in enumerate(phrases):
             scores = similarities[:, column]
-            top = np.argsort(-scores)[:MATCHES_PER_PHRASE]
+            # The best MATCHES_PER_PHRASE without sorting every name (argsort was 3 ms a call on SciFact).
+            if len(scores) > MATCHES_PER_PHRASE:
+                best_few = np.argpartition(-scores, MATCHES_PER_PHRASE - 1)[:MATCHES_PER_PHRASE]
+            else:
+                best_few = np.arange(len(scores))
+            top = best_few[np.argsort(-scores[best_few], kind="stable")]
             for position in top:
                 if scores[position] >= threshold:
                     row = table.rows[int(table.vector_rows[position])]
@@ -222,7 +303,7 @@ def walk_graph(
             )
     walk.entities_by_hop.append(len(starts))
     graph = walk.graph
-    graph.add_nodes_from(starts)
+    specificity: dict[int, float] = {}
     frontier = {entity: Reach(score, 0, (entity,)) for entity, score in starts.items() if score > 0}
     visited = set(frontier)
     expanded: set[int] = set()
@@ -231,23 +312,27 @@ def walk_graph(
         if not frontier:
             break
         for relation in index.relations_of(collection_id, [u for u in frontier if u not in expanded]):
-            _add_relation(graph, relation)
+            walk.add_relation(relation)
         expanded.update(frontier)
         # Every way on from the frontier, scored; the strongest EDGE_BEAM are followed.
         candidates: list[tuple[float, int, int]] = []
         for u, reach in frontier.items():
-            if u not in graph or not graph.adj[u]:
+            neighbours = graph.get(u)
+            if not neighbours:
                 continue
-            strongest = math.log1p(max(data["weight"] for data in graph.adj[u].values()))
-            for v, data in graph.adj[u].items():
+            strongest = math.log1p(max(edge.weight for edge in neighbours.values()))
+            for v, edge in neighbours.items():
                 if v in reach.entities or v not in table.row_of_id:
                     continue
-                score = reach.score * (math.log1p(data["weight"]) / strongest) * table.specificity(v)
+                known = specificity.get(v)
+                if known is None:  # an entity reached from several frontier entities is computed once
+                    known = specificity[v] = table.specificity(v)
+                score = reach.score * (math.log1p(edge.weight) / strongest) * known
                 if score >= MIN_PATH_SCORE:
                     candidates.append((score, u, v))
         candidates = heapq.nsmallest(EDGE_BEAM, candidates, key=lambda c: (-c[0], c[1], c[2]))
         evidence = defaultdict(list)
-        relation_ids = [r.id for _, u, v in candidates for r in graph.edges[u, v]["relations"]]
+        relation_ids = [r.id for _, u, v in candidates for r in graph[u][v].relations]
         for row in index.evidence_of(relation_ids):
             if allowed is None or row.document_id in allowed:
                 evidence[row.relation_id].append(row)
@@ -256,7 +341,7 @@ def walk_graph(
         for score, u, v in candidates:
             reach = frontier[u]
             start = reach.entities[0]
-            for relation in graph.edges[u, v]["relations"]:
+            for relation in graph[u][v].relations:
                 rows = evidence.get(relation.id)
                 if not rows:
                     continue  # no evidence the filter lets through
@@ -293,6 +378,7 @@ class GraphRagPipeline(Pipeline):
     def __init__(self, context: PipelineContext) -> None:
         super().__init__(context)
         self.index = KnowledgeGraphIndex(context.settings, context.store, context.embedder)
+        self._fuzzy: tuple[EntityTable, FuzzyKeys] | None = None
 
     def technique_index(self) -> TechniqueIndex | None:
         """The knowledge graph, built at ingest."""
@@ -314,7 +400,9 @@ class GraphRagPipeline(Pipeline):
         phrases = query_phrases(query)
         query_vector, phrase_vectors = self._encode(query, phrases)
         check_cancelled()
-        linked = link_entities(phrases, phrase_vectors, table, params.entity_threshold)
+        linked = link_entities(
+            phrases, phrase_vectors, table, params.entity_threshold, self._fuzzy_keys(table)
+        )
         walk = walk_graph(self.index, collection.id, table, linked, params.max_hops, allowed)
         check_cancelled()
 
@@ -379,6 +467,14 @@ class GraphRagPipeline(Pipeline):
             technique_specific=specific,
         )
 
+    def _fuzzy_keys(self, table: EntityTable) -> FuzzyKeys:
+        """The table's FuzzyKeys, built once per entity table (a new data version loads a new table)."""
+        kept = self._fuzzy
+        if kept is None or kept[0] is not table:
+            kept = (table, FuzzyKeys(table.keys))
+            self._fuzzy = kept
+        return kept[1]
+
     def _encode(self, query: str, phrases: list[str]) -> tuple[Vector, npt.NDArray[np.float32]]:
         """The query's vector (as a query) and its phrases' (one batch), side by side on two threads.
 
@@ -386,13 +482,22 @@ class GraphRagPipeline(Pipeline):
         batch of the query and its phrases made the answer encode the query a second time, and its p95
         was 1.8 times this one's; each phrase as a query of its own was no faster than this (two
         same-run comparisons on the loaded 2-core VM: docs/benchmarks.md, "Where rag_basic's time goes").
+        A phrase the ingest already embedded (every mention's name is, by the same encode) is read from
+        the store's embedding cache instead, the same vector to the bit; on SciFact about half are.
         """
         embedder = self.context.embedder
         query_vector = embedder.encode_query_async(query)
-        if not phrases:
-            return query_vector.result(), np.zeros((0, embedder.dimension), dtype=np.float32)
-        phrase_vectors = embedder.encode(phrases)
-        return query_vector.result(), phrase_vectors
+        vectors = np.zeros((len(phrases), embedder.dimension), dtype=np.float32)
+        if phrases:
+            hashes = [text_hash(phrase) for phrase in phrases]
+            cached = self.context.store.cached_embeddings(self.context.settings.embedding_model_id, hashes)
+            missing = [i for i, h in enumerate(hashes) if h not in cached]
+            for i, h in enumerate(hashes):
+                if h in cached:
+                    vectors[i] = cached[h]
+            if missing:
+                vectors[missing] = embedder.encode([phrases[i] for i in missing])
+        return query_vector.result(), vectors
 
     # rag_graph_explore
     def graph_explore(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -15,9 +15,15 @@ from iris_rag.errors import InvalidParametersError, RequestCancelledError
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
-from iris_rag.techniques.graphrag.index import EntityTable
-from iris_rag.techniques.graphrag.pipeline import GraphRagPipeline, link_entities, query_phrases
-from iris_rag.techniques.graphrag.storage import EntityRow
+from iris_rag.techniques.graphrag.index import EntityTable, text_hash
+from iris_rag.techniques.graphrag.pipeline import (
+    FuzzyKeys,
+    GraphRagPipeline,
+    Walk,
+    link_entities,
+    query_phrases,
+)
+from iris_rag.techniques.graphrag.storage import EntityRow, RelationRow
 from tests.conftest import DOCUMENTS
 
 # Metformin activates AMPK (document 1); AMPK shuts down mTORC1 through raptor (document 2). A question
@@ -403,8 +409,12 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
         first = graphrag(cold, top_k=5)
         phrases = query_phrases(QUESTION)
         assert phrases
-        # The query as a query (remembered for the answer), its phrases in one batch; no entity name.
-        assert spy.asked == [QUESTION] and spy.texts == [phrases]
+        # The query as a query (remembered for the answer); its phrases that the ingest embedded (as
+        # mention names) come from the embedding cache, the others in one batch; no entity name.
+        cached = cold.store.cached_embeddings(settings.embedding_model_id, [text_hash(p) for p in phrases])
+        assert cached, "the question names an entity of the documents: its vector was cached at ingest"
+        unknown = [p for p in phrases if text_hash(p) not in cached]
+        assert spy.asked == [QUESTION] and spy.texts == ([unknown] if unknown else [])
     finally:
         cold.close()
 
@@ -419,7 +429,8 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
     try:
         with caplog.at_level(logging.WARNING):
             old = graphrag(legacy, top_k=5)
-        assert len(spy.texts) == 2 and len(spy.texts[0]) > 10  # every entity name, then the phrases
+        # Every entity name (cached again as they are embedded), then the phrases that no name spells.
+        assert len(spy.texts[0]) > 10 and all(set(batch) <= set(phrases) for batch in spy.texts[1:])
         assert "iris-rag reindex" in caplog.text
         assert [i for i, _ in _ranking(old)] == [i for i, _ in _ranking(first)]
         for (_, a), (_, b) in zip(_ranking(old), _ranking(first), strict=True):
@@ -486,3 +497,33 @@ def test_a_cancelled_call_stops_at_the_walk(
     assert hops == [1]
     with cancellation_scope(CancelToken()):
         assert graphrag(graph_service, params={"max_hops": 3})["retrieved_documents"]
+
+
+def test_fuzzy_keys_find_what_rapidfuzz_finds_over_every_key() -> None:
+    """The character-count bound only leaves out keys that cannot reach the cutoff: same matches, order."""
+    import random
+
+    from rapidfuzz import fuzz, process
+
+    rng = random.Random(7)
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789- αβγé"
+    keys = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 30))) for _ in range(3000)]
+    keys += ["tumor necrosis factor", "tumour necrosis factor", "brca1", "brca2", "il-6", "il 6", "a" * 300]
+    fuzzy = FuzzyKeys(keys)
+    queries = [*rng.sample(keys, 40), "tumor necrosis factr", "brca", "il6", "a" * 299, "αβγ", "zzzz"]
+    queries += ["".join(rng.choice(letters) for _ in range(rng.randint(4, 20))) for _ in range(40)]
+    for query in queries:
+        for cutoff in (40.0, 70.0, 90.0):
+            expected = process.extract(query, keys, scorer=fuzz.ratio, score_cutoff=cutoff, limit=9)
+            assert fuzzy.extract(query, cutoff, 9) == [tuple(item) for item in expected], (query, cutoff)
+    assert FuzzyKeys([]).extract("brca1", 70.0, 9) == []
+
+
+def test_walk_adds_each_relation_once_and_sums_an_edge_over_types() -> None:
+    walk = Walk()
+    walk.add_relation(RelationRow(1, 10, 20, "co_occurs", 3))
+    walk.add_relation(RelationRow(2, 20, 10, "inhibits", 2))
+    walk.add_relation(RelationRow(1, 10, 20, "co_occurs", 3))  # loaded again from the other end
+    edge = walk.graph[10][20]
+    assert walk.graph[20][10] is edge
+    assert edge.weight == 5 and [r.id for r in edge.relations] == [1, 2]
