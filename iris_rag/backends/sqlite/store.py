@@ -299,8 +299,17 @@ class SqliteStore:
 
     backend_name = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, *, ann_min_chunks: int | None = None, ann_probe_share: float | None = None
+    ) -> None:
+        """The store on the file at `path`.
+
+        ann_min_chunks: live chunks from which unfiltered vector searches go through the inverted file
+        (0: always exact); ann_probe_share: the share of its lists a query probes. None: vectors' defaults.
+        """
         self.path = path
+        self._ann_min_chunks = ann_min_chunks
+        self._ann_probe_share = ann_probe_share
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
@@ -786,7 +795,7 @@ class SqliteStore:
             "SELECT chunk_id, document_id, embedding FROM chunks WHERE collection_id = ? ORDER BY rowid",
             (collection_id,),
         )
-        matrix = VectorMatrix.load(_batches(cursor), int(count))
+        matrix = VectorMatrix.load(_batches(cursor), int(count), self._ann_min_chunks)
         self._vector_rows_read += matrix.size
         logger.info("loaded the %d vectors of %r", matrix.size, collection_id)
         return matrix
@@ -819,7 +828,7 @@ class SqliteStore:
                 (collection_id, *batch),
             )
             batches.extend(_batches(cursor))
-        updated = matrix.replaced(documents, batches)
+        updated = matrix.replaced(documents, batches, self._ann_min_chunks)
         read = sum(len(chunks) for chunks, _, _ in batches)
         self._vector_rows_read += read
         logger.debug(
@@ -836,14 +845,16 @@ class SqliteStore:
     ) -> list[ScoredChunk]:
         """Cosine top_k: vectors are unit length, so a dot product is the cosine.
 
-        Exact under a filter and below vectors.ANN_MIN_ROWS live chunks; otherwise through the matrix's
-        inverted file (the probed lists ranked exactly).
+        Exact under a filter and below SQLITE_ANN_MIN_CHUNKS live chunks (always when it is 0); otherwise
+        through the matrix's inverted file (the probed lists ranked exactly).
         """
         index = self._vector_index(collection_id)
         if not index.live_count:
             return []
         if metadata_filter is None:
-            approximate = index.approximate_top(query_vector, top_k)
+            approximate = index.approximate_top(
+                query_vector, top_k, self._ann_min_chunks, self._ann_probe_share
+            )
             if approximate is not None:
                 probed, found = approximate
                 best = _top_k_indices(found, top_k)
