@@ -256,16 +256,27 @@ def call(service: RagService, technique: str, query: str, collection: str, label
 
 
 @contextmanager
-def exact_search() -> Iterator[None]:
-    """SQLite's exact scan for every size while inside (its inverted file left unused, not dropped)."""
-    from iris_rag.backends.sqlite import vectors
-
-    threshold = vectors.ANN_MIN_ROWS
-    vectors.ANN_MIN_ROWS = sys.maxsize
+def exact_search(store: Any) -> Iterator[None]:
+    """SQLite's exact scan for every size while inside (SQLITE_ANN_MIN_CHUNKS=0; the lists kept, unused)."""
+    threshold = store._ann_min_chunks
+    store._ann_min_chunks = 0
     try:
         yield
     finally:
-        vectors.ANN_MIN_ROWS = threshold
+        store._ann_min_chunks = threshold
+
+
+@contextmanager
+def unpruned_keywords() -> Iterator[None]:
+    """SQLite's flat keyword leg ranks every matching row while inside (no MaxScore pruning)."""
+    from iris_rag.backends.sqlite import store
+
+    threshold = store.PRUNE_MIN_CHUNKS
+    store.PRUNE_MIN_CHUNKS = sys.maxsize
+    try:
+        yield
+    finally:
+        store.PRUNE_MIN_CHUNKS = threshold
 
 
 def exact_top10(chunks: int, queries: npt.NDArray[np.float32]) -> list[list[str]]:
@@ -312,14 +323,21 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
                 # file and through the exact scan, in alternating order: a same-run ratio of the two.
                 modes = ["inverted_file", "exact_scan"]
                 for mode in modes if len(samples["basic"]) % 2 == 0 else modes[::-1]:
-                    with exact_search() if mode == "exact_scan" else nullcontext():
+                    with exact_search(service.store) if mode == "exact_scan" else nullcontext():
                         elapsed = call(service, "basic", query, collection, f"rag_basic_again_{mode}")
                     exact_basic.setdefault(mode, []).append(elapsed)
+                # The same hybrid call again, its keyword leg pruned and unpruned, alternating.
+                modes = ["pruned", "unpruned"]
+                for mode in modes if len(samples["basic"]) % 2 == 0 else modes[::-1]:
+                    with unpruned_keywords() if mode == "unpruned" else nullcontext():
+                        elapsed = call(service, "hybrid_ifind", query, collection, f"rag_hybrid_again_{mode}")
+                    exact_basic.setdefault(f"hybrid_{mode}", []).append(elapsed)
         steps.clear()
         for technique in TECHNIQUES:
             result[f"rag_{technique}_warm_ms"] = percentiles(samples[technique])
         for mode, values in exact_basic.items():
-            result[f"rag_basic_again_{mode}_warm_ms"] = percentiles(values)
+            name = f"rag_{mode}_again" if mode.startswith("hybrid") else f"rag_basic_again_{mode}"
+            result[f"{name}_warm_ms"] = percentiles(values)
         # Hybrid encodes the query on another thread while its keyword leg runs: steps overlap there.
         result["steps_ms"] = {
             technique: {label: percentiles(values) for label, values in by_step.items()}
@@ -327,13 +345,21 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
         }
         keyword: dict[str, Any] = {}
         for scoring in ("multifield", "flat"):
-            timings = []
-            for query in queries:
+            timings: dict[str, list[float]] = {}
+            for number, query in enumerate(queries):
                 keyword_query = KeywordQuery.of(query_terms(query), 1.0, scoring)
-                start = time.perf_counter()
-                service.store.keyword_search(collection, keyword_query, 50)
-                timings.append((time.perf_counter() - start) * 1000)
-            keyword[scoring] = percentiles(timings)
+                # SQLite's flat leg: pruned (the default) and unpruned, alternating in this same run.
+                modes = (
+                    [scoring, f"{scoring}_unpruned"]
+                    if backend == "sqlite" and scoring == "flat"
+                    else [scoring]
+                )
+                for mode in modes if number % 2 == 0 else modes[::-1]:
+                    with unpruned_keywords() if mode.endswith("unpruned") else nullcontext():
+                        start = time.perf_counter()
+                        service.store.keyword_search(collection, keyword_query, 50)
+                        timings.setdefault(mode, []).append((time.perf_counter() - start) * 1000)
+            keyword.update({mode: percentiles(values) for mode, values in timings.items()})
         result["keyword_leg_top50_ms"] = keyword
         vectors = [service.embedder.encode_query(query) for query in queries]
         dense: dict[str, list[float]] = {}
@@ -341,7 +367,7 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
             for label in ("vector_leg_top100", "vector_leg_top100_exact_scan"):
                 if label.endswith("exact_scan") and backend != "sqlite":
                     continue
-                with exact_search() if label.endswith("exact_scan") else nullcontext():
+                with exact_search(service.store) if label.endswith("exact_scan") else nullcontext():
                     start, cpu = time.perf_counter(), time.process_time()
                     service.store.vector_search(collection, vector, 100)
                     dense.setdefault(label, []).append((time.perf_counter() - start) * 1000)

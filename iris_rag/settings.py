@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     iris_connect_timeout_s: float = Field(10.0, gt=0, le=300, validation_alias="IRIS_CONNECT_TIMEOUT_S")
     data_dir: Path = Field(default_factory=default_data_dir, validation_alias="RAG_DATA_DIR")
     default_collection: str = Field("default", validation_alias="RAG_DEFAULT_COLLECTION")
+    # SQLite's vector search: live chunks from which an unfiltered search goes through the in-memory inverted
+    # file (0: always exact), and the share of its lists a query probes (more: better recall, slower).
+    sqlite_ann_min_chunks: int = Field(20_000, ge=0, validation_alias="SQLITE_ANN_MIN_CHUNKS")
+    sqlite_ann_probe_share: float = Field(0.1, gt=0, le=1, validation_alias="SQLITE_ANN_PROBE_SHARE")
 
     # Embeddings
     embedding_model: str = Field(

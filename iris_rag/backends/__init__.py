@@ -51,7 +51,11 @@ def create_store(settings: Settings) -> DocumentStore:
             if failure is None:
                 raise
             raise failure from exc
-    return SqliteStore(settings.database_path)
+    return SqliteStore(
+        settings.database_path,
+        ann_min_chunks=settings.sqlite_ann_min_chunks,
+        ann_probe_share=settings.sqlite_ann_probe_share,
+    )
 
 
 def connection_failure(

@@ -13,9 +13,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+from pydantic import ValidationError
 
+from iris_rag.backends import create_store
 from iris_rag.backends.sqlite import vectors
 from iris_rag.backends.sqlite.store import SqliteStore
+from iris_rag.settings import Settings
 from iris_rag.stores.base import ChunkInput, DocumentInput
 from iris_rag.stores.filters import parse_filters
 
@@ -47,7 +50,7 @@ def ann(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def pair(tmp_path: Path, ann: None) -> Iterator[tuple[SqliteStore, SqliteStore]]:
     """A reader with its matrix loaded (and lists trained) and a writer, on one 3,000-row collection."""
-    path = tmp_path / "db.sqlite3"
+    path = tmp_path / "iris_rag.sqlite3"  # Settings.database_path under RAG_DATA_DIR=tmp_path
     writer = SqliteStore(path)
     writer.create_collection("c", "model", DIM)
     rows = clustered(2 * DOCUMENTS, seed=1)
@@ -150,3 +153,46 @@ def test_compaction_keeps_the_lists_and_growth_retrains_them(
     grown = reader._vector_index("c")
     assert grown.inverted is not None and grown.inverted.trained_rows == grown.live_count
     assert recall_at_10(reader, clustered(30, seed=8)) >= 0.95
+
+
+def test_the_settings_choose_the_threshold_and_the_probed_share(
+    pair: tuple[SqliteStore, SqliteStore],
+) -> None:
+    """SQLITE_ANN_MIN_CHUNKS=0: always exact, past the threshold too; SQLITE_ANN_PROBE_SHARE: lists probed."""
+    reader, _ = pair
+    assert reader._vector_index("c").inverted is not None  # 3,000 rows: approximate by default here
+    rng = np.random.default_rng(6)
+    queries = rng.normal(size=(50, DIM)).astype(np.float32)  # directions between the clusters
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    exact = [exact_top(reader, q, 10) for q in queries]
+    narrow = SqliteStore(reader.path, ann_probe_share=0.01)  # MIN_PROBES (8) of the 54 lists
+    try:
+        approximate = [[h.chunk_id for h in narrow.vector_search("c", q, 10)] for q in queries]
+    finally:
+        narrow.close()
+    assert approximate != exact  # some query misses a neighbour through the lists (else this proves nothing)
+    settings = Settings(RAG_STORE="sqlite", RAG_DATA_DIR=reader.path.parent, SQLITE_ANN_MIN_CHUNKS=0)
+    always_exact = create_store(settings)
+    assert isinstance(always_exact, SqliteStore)
+    try:
+        assert [[h.chunk_id for h in always_exact.vector_search("c", q, 10)] for q in queries] == exact
+        assert always_exact._vector_index("c").inverted is None  # no lists trained at all
+    finally:
+        always_exact.close()
+    every_list = SqliteStore(reader.path, ann_probe_share=1.0)
+    try:
+        probed, _ = every_list._vector_index("c").approximate_top(queries[0], 10, None, 1.0) or (None, None)
+        assert probed is not None and probed.size == 2 * DOCUMENTS  # through the lists, all of them
+        assert [[h.chunk_id for h in every_list.vector_search("c", q, 10)] for q in queries] == exact
+    finally:
+        every_list.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("SQLITE_ANN_MIN_CHUNKS", "-1"), ("SQLITE_ANN_PROBE_SHARE", "0"), ("SQLITE_ANN_PROBE_SHARE", "1.5")],
+)
+def test_out_of_range_settings_are_refused(name: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=name):
+        Settings()

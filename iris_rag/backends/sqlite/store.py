@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from iris_rag.backends.common.bm25 import K1, tokenize
 from iris_rag.backends.sqlite.filters import json_path, register_functions, to_sql
 from iris_rag.backends.sqlite.vectors import Batch, VectorMatrix
 from iris_rag.cancellation import check_cancelled
@@ -133,6 +135,14 @@ _OLD_TRIGGERS = ("documents_version_insert", "documents_version_update", "docume
 CHANGE_LOG_VERSIONS = 10_000
 # Changed documents up to which a matrix is updated rather than reloaded (or a quarter of its chunks).
 MAX_DOCUMENTS_TO_UPDATE = 1000
+
+
+# Chunks from which an unfiltered flat keyword search is pruned (MaxScore over FTS5, _pruned_flat_search).
+PRUNE_MIN_CHUNKS = 20_000
+# Its first round scores the rows of the rarest terms: as many as match at most this share of the chunks.
+PRUNE_ESSENTIAL_SHARE = 0.05
+# Added to every bound: FTS5 sums its per-term float terms in an order of its own.
+PRUNE_BOUND_SLACK = 1e-9
 
 
 # Every per-collection keyword table is named from the hex of the collection id's UTF-8 bytes: SQLite table
@@ -299,8 +309,17 @@ class SqliteStore:
 
     backend_name = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, *, ann_min_chunks: int | None = None, ann_probe_share: float | None = None
+    ) -> None:
+        """The store on the file at `path`.
+
+        ann_min_chunks: live chunks from which unfiltered vector searches go through the inverted file
+        (0: always exact); ann_probe_share: the share of its lists a query probes. None: vectors' defaults.
+        """
         self.path = path
+        self._ann_min_chunks = ann_min_chunks
+        self._ann_probe_share = ann_probe_share
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
@@ -786,7 +805,7 @@ class SqliteStore:
             "SELECT chunk_id, document_id, embedding FROM chunks WHERE collection_id = ? ORDER BY rowid",
             (collection_id,),
         )
-        matrix = VectorMatrix.load(_batches(cursor), int(count))
+        matrix = VectorMatrix.load(_batches(cursor), int(count), self._ann_min_chunks)
         self._vector_rows_read += matrix.size
         logger.info("loaded the %d vectors of %r", matrix.size, collection_id)
         return matrix
@@ -819,7 +838,7 @@ class SqliteStore:
                 (collection_id, *batch),
             )
             batches.extend(_batches(cursor))
-        updated = matrix.replaced(documents, batches)
+        updated = matrix.replaced(documents, batches, self._ann_min_chunks)
         read = sum(len(chunks) for chunks, _, _ in batches)
         self._vector_rows_read += read
         logger.debug(
@@ -836,14 +855,16 @@ class SqliteStore:
     ) -> list[ScoredChunk]:
         """Cosine top_k: vectors are unit length, so a dot product is the cosine.
 
-        Exact under a filter and below vectors.ANN_MIN_ROWS live chunks; otherwise through the matrix's
-        inverted file (the probed lists ranked exactly).
+        Exact under a filter and below SQLITE_ANN_MIN_CHUNKS live chunks (always when it is 0); otherwise
+        through the matrix's inverted file (the probed lists ranked exactly).
         """
         index = self._vector_index(collection_id)
         if not index.live_count:
             return []
         if metadata_filter is None:
-            approximate = index.approximate_top(query_vector, top_k)
+            approximate = index.approximate_top(
+                query_vector, top_k, self._ann_min_chunks, self._ann_probe_share
+            )
             if approximate is not None:
                 probed, found = approximate
                 best = _top_k_indices(found, top_k)
@@ -916,6 +937,8 @@ class SqliteStore:
         if query.scoring == "multifield":
             return self._multifield_search(collection_id, match, top_k, metadata_filter, title_weight)
         table = fts_table(collection_id)
+        if metadata_filter is None and self._chunks_at_most(collection_id) >= PRUNE_MIN_CHUNKS:
+            return self._pruned_flat_search(collection_id, query, top_k)
         if metadata_filter is None:
             # Rank inside FTS5 first and look up only the top k chunk ids: joining every match to its
             # chunk and document rows before the sort made the search 3-4x slower (16.9 ms against
@@ -937,6 +960,143 @@ class SqliteStore:
         rows = self._connection().execute(sql, arguments).fetchall()
         # FTS5's bm25() is negated so that ascending order is best first.
         return [ScoredChunk(row["chunk_id"], -float(row["rank"])) for row in rows]
+
+    def _chunks_at_most(self, collection_id: str) -> int:
+        """The collection's chunks (counted for its data version by get_collection), or a bound above them."""
+        known = self._counts.get(collection_id)
+        if known is not None and known[0] == self.data_version(collection_id):
+            return known[2]
+        row = self._connection().execute("SELECT MAX(rowid) FROM chunks").fetchone()
+        return int(row[0] or 0)
+
+    def _pruned_flat_search(self, collection_id: str, query: KeywordQuery, top_k: int) -> list[ScoredChunk]:
+        """The flat BM25 top_k of a large collection, exact, not scoring every row a frequent term matches.
+
+        FTS5's bm25() runs on every row the expression matches, even under ORDER BY rank LIMIT k: at 100K
+        chunks a median of 38K rows (docs/benchmarks.md). MaxScore: a term adds at most w x IDF x (k1 + 1)
+        to a row's score (tf / (tf + norm) < 1), IDF bounded with the collection's chunk count (or more)
+        and the term's document count (fts5vocab). Terms are ordered by that bound, largest first (rarest);
+        a prefix of them is essential (E), the rest (F) frequent. Only the rows matching an E term are
+        scored, by two FTS5 queries: '(E) AND (F)' and '(E) NOT (F)'. Their phrases come in the same order
+        as the full expression's (E then F) and a phrase absent from a row adds 0.0, so each row gets the
+        very score the full expression 'E OR F' gives it. A row matching only F terms scores less than the
+        sum of their bounds; when the k-th score found is above that sum the top_k is exact. Otherwise F
+        shrinks to the longest tail whose bounds stay below that k-th score (which can only rise as E
+        grows) and a second round is exact; without such a tail, the full expression is ranked.
+        """
+        connection = self._connection()
+        with _read_snapshot(connection):
+            terms = self._bounded_terms(collection_id, query)
+            split = 1
+            matched = terms[0][2]
+            while split < len(terms) and matched + terms[split][2] <= PRUNE_ESSENTIAL_SHARE * max(
+                1, self._chunks_at_most(collection_id)
+            ):
+                matched += terms[split][2]
+                split += 1
+            for _ in range(2):
+                if split >= len(terms):
+                    break
+                rows = self._rank_essential(collection_id, terms, split, query.title_weight, top_k)
+                kth = -rows[-1][1] if len(rows) == top_k else -math.inf
+                if sum(bound for _, bound, _ in terms[split:]) < kth:
+                    return self._scored_chunks(rows)
+                tail = 0.0
+                split = len(terms)
+                while split > 0 and tail + terms[split - 1][1] < kth:
+                    tail += terms[split - 1][1]
+                    split -= 1
+            table = fts_table(collection_id)
+            rows = connection.execute(
+                f"""SELECT rowid, bm25({table}, ?, 1.0) AS rank FROM {table} WHERE {table} MATCH ?
+                    ORDER BY rank, rowid LIMIT ?""",
+                (query.title_weight, _phrases(terms, 0, len(terms)), top_k),
+            ).fetchall()
+            return self._scored_chunks([(row[0], row[1]) for row in rows])
+
+    def _bounded_terms(self, collection_id: str, query: KeywordQuery) -> list[tuple[str, float, int]]:
+        """The query's phrases (repeated by weight), score bounds and document counts, largest bound first.
+
+        A term FTS5 reads as several tokens (a phrase) or none is unbounded: always essential.
+        """
+        texts = [term.replace('"', "") for term in query.terms]
+        weights = list(query.terms.values())
+        found = tokenize(texts)
+        stems = sorted({tokens[0] for tokens in found if len(tokens) == 1})
+        counts: dict[str, int] = {}
+        for start in range(0, len(stems), 500):
+            batch = stems[start : start + 500]
+            counts.update(
+                self._connection()
+                .execute(
+                    f"SELECT term, doc FROM {vocabulary_table(collection_id)} "
+                    f"WHERE term IN ({','.join('?' * len(batch))})",
+                    batch,
+                )
+                .fetchall()
+            )
+        chunks = self._chunks_at_most(collection_id)
+        terms: list[tuple[str, float, int]] = []
+        for text, weight, tokens in zip(texts, weights, found, strict=True):
+            if not text or weight <= 0:
+                continue
+            phrase = " OR ".join(['"' + text + '"'] * weight)
+            if len(tokens) != 1:
+                terms.append((phrase, math.inf, 0))
+                continue
+            hits = counts.get(tokens[0], 0)
+            idf = max(math.log((chunks - hits + 0.5) / (hits + 0.5)), 1e-6)
+            terms.append(
+                (phrase, weight * idf * (K1 + 1) * (1 + PRUNE_BOUND_SLACK) + PRUNE_BOUND_SLACK, hits)
+            )
+        terms.sort(key=lambda term: -term[1])
+        return terms
+
+    def _rank_essential(
+        self,
+        collection_id: str,
+        terms: list[tuple[str, float, int]],
+        split: int,
+        title_weight: float,
+        top_k: int,
+    ) -> list[tuple[int, float]]:
+        """The top_k (rowid, FTS5 rank) among the rows matching an essential term, scored on every term."""
+        table = fts_table(collection_id)
+        essential, frequent = _phrases(terms, 0, split), _phrases(terms, split, len(terms))
+        rows = (
+            self._connection()
+            .execute(
+                f"""SELECT rowid, rank FROM (
+                    SELECT rowid, bm25({table}, ?, 1.0) AS rank FROM {table} WHERE {table} MATCH ?
+                    UNION ALL
+                    SELECT rowid, bm25({table}, ?, 1.0) AS rank FROM {table} WHERE {table} MATCH ?
+                ) ORDER BY rank, rowid LIMIT ?""",
+                (
+                    title_weight,
+                    f"({essential}) AND ({frequent})",
+                    title_weight,
+                    f"({essential}) NOT ({frequent})",
+                    top_k,
+                ),
+            )
+            .fetchall()
+        )
+        return [(row[0], row[1]) for row in rows]
+
+    def _scored_chunks(self, rows: list[tuple[int, float]]) -> list[ScoredChunk]:
+        """(rowid, FTS5 rank) rows, best first, as chunks with positive scores."""
+        if not rows:
+            return []
+        found = (
+            self._connection()
+            .execute(
+                f"SELECT rowid, chunk_id FROM chunks WHERE rowid IN ({','.join('?' * len(rows))})",
+                [rowid for rowid, _ in rows],
+            )
+            .fetchall()
+        )
+        chunk_of = {row[0]: row[1] for row in found}
+        return [ScoredChunk(chunk_of[rowid], -float(rank)) for rowid, rank in rows if rowid in chunk_of]
 
     def _multifield_search(
         self,
@@ -1175,6 +1335,11 @@ def _prune_changes(connection: sqlite3.Connection, collection_id: str) -> None:
            (SELECT version FROM collection_versions WHERE collection_id = ?) - ?""",
         (collection_id, collection_id, CHANGE_LOG_VERSIONS),
     )
+
+
+def _phrases(terms: list[tuple[str, float, int]], start: int, end: int) -> str:
+    """The FTS5 expression of terms[start:end] (each already a quoted phrase, repeated by its weight)."""
+    return " OR ".join(phrase for phrase, _, _ in terms[start:end])
 
 
 def _top_k_indices(scores: npt.NDArray[np.float32], top_k: int) -> npt.NDArray[np.intp]:

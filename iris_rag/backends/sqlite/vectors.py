@@ -13,7 +13,8 @@ query scores the centroids, takes the rows of the PROBE_SHARE best lists and ran
 exact scan of 100K rows reads 150 MB per query; the probed lists are a tenth of that. The assignments live
 beside the buffer and follow the same rule (rows below a version's size never written again); appended
 rows go to their nearest centroid; the centroids are trained again when the live rows have doubled since.
-Below ANN_MIN_ROWS, and under a metadata filter, every search is exact.
+Below ANN_MIN_ROWS, and under a metadata filter, every search is exact. The store passes both knobs
+(SQLITE_ANN_MIN_CHUNKS, where 0 means always exact, and SQLITE_ANN_PROBE_SHARE); these are their defaults.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ TRAIN_ITERATIONS = 8
 TRAIN_SEED = 13
 # Rows scored against the centroids at a time while assigning (bounds the temporary rows x lists matrix).
 ASSIGN_BATCH = 16_384
+
+
+def _approximate(live_rows: int, min_rows: int | None) -> bool:
+    """Whether a matrix of this many live rows has an inverted file (0: never; None: ANN_MIN_ROWS)."""
+    threshold = ANN_MIN_ROWS if min_rows is None else min_rows
+    return threshold > 0 and live_rows >= threshold
 
 
 def _capacity(rows: int) -> int:
@@ -128,8 +135,11 @@ class VectorMatrix:
     inverted: InvertedLists | None = None  # from ANN_MIN_ROWS live rows up
 
     @classmethod
-    def load(cls, batches: Iterable[Batch], expected_rows: int) -> VectorMatrix:
-        """A matrix of every row read, in order, with room for `expected_rows` and some spare."""
+    def load(cls, batches: Iterable[Batch], expected_rows: int, min_rows: int | None = None) -> VectorMatrix:
+        """A matrix of every row read, in order, with room for `expected_rows` and some spare.
+
+        min_rows: the live rows from which it gets an inverted file (0: never; None: ANN_MIN_ROWS).
+        """
         buffer: _Buffer | None = None
         chunk_ids: list[str] = []
         document_ids: list[str] = []
@@ -149,15 +159,17 @@ class VectorMatrix:
             document_ids.extend(batch_documents)
         if buffer is None:
             buffer = _Buffer(0, 0)
-        return cls._indexed(buffer, chunk_ids, document_ids)._with_lists()
+        return cls._indexed(buffer, chunk_ids, document_ids)._with_lists(min_rows)
 
-    def _with_lists(self) -> VectorMatrix:
+    def _with_lists(self, min_rows: int | None) -> VectorMatrix:
         """The version with an inverted file, trained if it is large enough and has none (or has doubled)."""
         live = self.live_count
-        if live < ANN_MIN_ROWS or (self.inverted is not None and live <= 2 * self.inverted.trained_rows):
+        if not _approximate(live, min_rows):
+            return self
+        if self.inverted is not None and live <= 2 * self.inverted.trained_rows:
             return self
         if self.dead.size:  # train on live rows only: compact first (an ingest that crossed the threshold)
-            return self._compacted(set(), 0, None)._with_lists()
+            return self._compacted(set(), 0, None)._with_lists(min_rows)
         inverted = InvertedLists.train(self.buffer.array[: self.size], self.buffer.array.shape[0])
         return VectorMatrix(
             self.buffer,
@@ -197,20 +209,26 @@ class VectorMatrix:
         return scores
 
     def approximate_top(
-        self, query_vector: npt.NDArray[np.float32], top_k: int
+        self,
+        query_vector: npt.NDArray[np.float32],
+        top_k: int,
+        min_rows: int | None = None,
+        probe_share: float | None = None,
     ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]] | None:
         """The live rows of the lists nearest the query, with their scores; None when it must be exact.
 
         Approximate: a neighbour assigned to a list not probed is missed (recall@10 against the exact
-        search is in docs/benchmarks.md). Exact (None) below ANN_MIN_ROWS, and when the probed lists hold
-        fewer live rows than top_k.
+        search is in docs/benchmarks.md). Exact (None) below min_rows live rows (always when min_rows is
+        0), and when the probed lists hold fewer live rows than top_k. probe_share: the share of the lists
+        probed (at least MIN_PROBES of them). None: ANN_MIN_ROWS and PROBE_SHARE.
         """
         inverted = self.inverted
-        if inverted is None or self.live_count < ANN_MIN_ROWS or top_k <= 0:
+        if inverted is None or not _approximate(self.live_count, min_rows) or top_k <= 0:
             return None
+        probe_share = PROBE_SHARE if probe_share is None else probe_share
         query = query_vector.astype(np.float32)
         centroid_scores = inverted.centroids @ query
-        probes = min(inverted.lists, max(MIN_PROBES, round(inverted.lists * PROBE_SHARE)))
+        probes = min(inverted.lists, max(MIN_PROBES, round(inverted.lists * probe_share)))
         nearest = np.argpartition(-centroid_scores, probes - 1)[:probes]
         rows = self._live(inverted.rows_in(nearest, self.size))
         if rows.size < top_k:
@@ -224,7 +242,9 @@ class VectorMatrix:
         """The dot product of the given (live) rows with the query."""
         return self.buffer.array[rows] @ query_vector.astype(np.float32)
 
-    def replaced(self, documents: set[str], batches: Iterable[Batch]) -> VectorMatrix:
+    def replaced(
+        self, documents: set[str], batches: Iterable[Batch], min_rows: int | None = None
+    ) -> VectorMatrix:
         """A new version: the documents' rows dead, the rows read for them now appended.
 
         A document written since is replaced, one deleted since just loses its rows (nothing is read for
@@ -249,7 +269,9 @@ class VectorMatrix:
         dead_after = self.dead.size + len(dying)
         if not fits or dead_after > max(MIN_DEAD_TO_COMPACT, self.size // 4):
             compacted = self._compacted(set(dying), added, vectors.shape[1] if added else None)
-            return compacted._appended(chunk_ids, document_ids, vectors, own_lookups=True)._with_lists()
+            return compacted._appended(chunk_ids, document_ids, vectors, own_lookups=True)._with_lists(
+                min_rows
+            )
         row_of = dict(self.row_of)
         rows_of_document = dict(self.rows_of_document)
         for row in dying:
@@ -267,7 +289,7 @@ class VectorMatrix:
             dead,
             self.inverted,
         )
-        return kept._appended(chunk_ids, document_ids, vectors, own_lookups=True)._with_lists()
+        return kept._appended(chunk_ids, document_ids, vectors, own_lookups=True)._with_lists(min_rows)
 
     def _appended(
         self,
