@@ -139,6 +139,8 @@ class IndexBuilder:
         if not self.indexes or not document_ids:
             return
         with self._condition:
+            if self._closed:
+                return  # a later start finds these documents
             for start in range(0, len(document_ids), JOB_DOCUMENTS):
                 self._jobs.append(Job(collection_id, tuple(document_ids[start : start + JOB_DOCUMENTS])))
             self._condition.notify_all()
