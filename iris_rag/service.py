@@ -155,6 +155,8 @@ class RagService:
                 print(f"waiting for the technique indexes ({names}): {left} documents left", file=sys.stderr)
 
         builder.wait(collection_id, on_progress=report)
+        if last and not quiet:
+            print("the technique indexes are built", file=sys.stderr)
         failed = {k: v for k, v in builder.failures().items() if collection_id in (None, k[0])}
         for (collection, technique), error in sorted(failed.items()):
             print(f"the {technique} index of {collection} failed: {error}", file=sys.stderr)
