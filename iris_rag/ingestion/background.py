@@ -28,19 +28,23 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from iris_rag.cancellation import CancelToken, cancellation_scope
+from iris_rag.cancellation import CancelToken, cancellation_scope, check_cancelled
 from iris_rag.errors import RequestCancelledError
 from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore
 from iris_rag.stores.technique_index import DocumentCoverage, TechniqueIndex
 
 logger = logging.getLogger(__name__)
 
+QUIET_S = 0.5
+"""The builder starts a job, or a job's next index, only once no ingest has run for this long: the core of
+an ingest keeps the encoder to itself (batches ingested back to back, as the CLI does, are not slowed)."""
 JOB_DOCUMENTS = 256
 """Documents per job at most (as the CLI ingests): an inline ingest of such a batch writes the same rows."""
 
@@ -98,6 +102,8 @@ class IndexBuilder:
         self._failures: dict[tuple[str, str], str] = {}  # (collection, technique) -> the error
         self._scanned = threading.Event()
         self._closed = False
+        self._ingesting = 0
+        self._last_ingest = 0.0
         self._thread: threading.Thread | None = None
         self.documents_built = 0
         self.jobs_done = 0
@@ -134,6 +140,31 @@ class IndexBuilder:
             self._thread.join(timeout)
 
     # Work in
+    @contextmanager
+    def core_ingest(self) -> Iterator[None]:
+        """Mark an ingest's core work (the builder defers to it: see QUIET_S)."""
+        with self._condition:
+            self._ingesting += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._ingesting -= 1
+                self._last_ingest = time.monotonic()
+                self._condition.notify_all()
+
+    def _defer_to_ingests(self) -> None:
+        """Wait until no ingest is running and none has for QUIET_S (or the builder is closing)."""
+        with self._condition:
+            while not self._closed:
+                if self._ingesting:
+                    self._condition.wait(1.0)
+                    continue
+                quiet = time.monotonic() - self._last_ingest
+                if quiet >= QUIET_S:
+                    return
+                self._condition.wait(QUIET_S - quiet)
+
     def submit(self, collection_id: str, document_ids: list[str]) -> None:
         """Queue the indexes of documents just committed (a replaced document's old rows went with it)."""
         if not self.indexes or not document_ids:
@@ -265,6 +296,12 @@ class IndexBuilder:
                     self._condition.wait()
                 if self._closed:
                     return
+            self._defer_to_ingests()
+            with self._condition:
+                if self._closed:
+                    return
+                if not self._jobs:  # cancelled meanwhile (its collection deleted)
+                    continue
                 job = self._jobs.popleft()
                 self._running, self._token = job, CancelToken()
                 token = self._token
@@ -292,6 +329,8 @@ class IndexBuilder:
             todo = [item for item in loaded if item.document.id not in held]
             if not todo:
                 continue
+            self._defer_to_ingests()
+            check_cancelled()
             try:
                 prepared = index.prepare(job.collection_id, [item.document for item in todo])
                 self._write(job.collection_id, index, todo, prepared)

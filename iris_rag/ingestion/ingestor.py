@@ -130,6 +130,18 @@ class Ingestor:
         between encode slices and stages and before the commit: a cancelled ingest stores nothing. With a
         background builder, its indexes are queued once the commit is done (result.indexes_building).
         """
+        if self.builder is None:
+            return self._ingest(collection_id, documents, chunk_size, chunk_overlap)
+        with self.builder.core_ingest():  # the background builder waits for the core to be done
+            return self._ingest(collection_id, documents, chunk_size, chunk_overlap)
+
+    def _ingest(
+        self,
+        collection_id: str,
+        documents: Iterable[SourceDocument],
+        chunk_size: int | None,
+        chunk_overlap: int | None,
+    ) -> IngestResult:
         started = time.perf_counter()
         size = chunk_size or self.settings.chunk_size
         overlap = self.settings.chunk_overlap if chunk_overlap is None else chunk_overlap
