@@ -305,9 +305,16 @@ class IndexBuilder:
                 job = self._jobs.popleft()
                 self._running, self._token = job, CancelToken()
                 token = self._token
+            started = time.perf_counter()
             try:
                 with cancellation_scope(token):
                     self.build(job)
+                logger.info(
+                    "index builder: %d documents of %r in %.1f s",
+                    len(job.document_ids),
+                    job.collection_id,
+                    time.perf_counter() - started,
+                )
             except RequestCancelledError:
                 logger.info("index builder: %s", token.reason)
             except Exception:  # a store error: the job is lost; a rescan (or restart) finds its documents
