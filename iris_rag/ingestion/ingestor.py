@@ -104,7 +104,6 @@ class Ingestor:
         self.technique_indexes = technique_indexes or []
         # INDEX_BUILD=background: the builder's indexes are built after the commit, not in the transaction.
         self.builder = builder
-        self.inline_indexes = [i for i in self.technique_indexes if builder is None or not builder.builds(i)]
         # rag_colbert's index runs the model over every chunk anyway; its pass gives the dense vectors too
         # (when that index is built here, inside the ingest).
         self._encoding_source = next(
@@ -115,6 +114,12 @@ class Ingestor:
         pooling = settings.noderag_leaf_vectors == "pooled"
         spans = (i for i in self.inline_indexes if isinstance(i, SpanPooling))
         self._span_pooling = next(spans, None) if pooling else None
+
+    @property
+    def inline_indexes(self) -> list[TechniqueIndex]:
+        """The technique indexes built inside the ingest's transaction (all, without a background builder)."""
+        builder = self.builder
+        return [i for i in self.technique_indexes if builder is None or not builder.builds(i)]
 
     def ingest(
         self,
