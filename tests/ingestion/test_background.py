@@ -187,7 +187,9 @@ def _rankings(service: RagService, collection_id: str) -> dict[tuple[str, str], 
                 }
             )
             assert "index_build" not in result["metadata"]["technique_specific"]
-            found[technique, query] = [(d["chunk_id"], d["similarity_score"]) for d in result["retrieved_documents"]]
+            found[technique, query] = [
+                (d["chunk_id"], d["similarity_score"]) for d in result["retrieved_documents"]
+            ]
     return found
 
 
