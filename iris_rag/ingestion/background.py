@@ -238,17 +238,16 @@ class IndexBuilder:
         states: dict[str, dict[str, Any]] = {}
         for technique, index in sorted(self.indexes.items()):
             indexed = index.indexed_documents(collection_id)
-            entry: dict[str, Any] = {"indexed_documents": indexed, "documents": documents}
             failure = self._failures.get((collection_id, technique))
             if failure is not None:
-                entry |= {"state": "failed", "error": failure}
+                state = "failed"
             elif indexed >= documents:
-                entry["state"] = "ready"
-            elif pending:
-                entry["state"] = "building"
-            else:
-                entry["state"] = "incomplete"  # not queued: `iris-rag reindex`, or a restart, queues it
-            states[technique] = entry
+                state = "ready"
+            else:  # incomplete: not queued; `iris-rag reindex`, or a restart, queues it
+                state = "building" if pending else "incomplete"
+            states[technique] = {"state": state, "indexed_documents": indexed, "documents": documents}
+            if failure is not None:
+                states[technique]["error"] = failure
         return states
 
     def failures(self) -> dict[tuple[str, str], str]:
