@@ -57,6 +57,8 @@ def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
             for error in result.errors:
                 tqdm.write(f"skipped document {error['id']}: {error['message']}", file=sys.stderr)
             bar.update(len(batch))
+    core_elapsed = time.perf_counter() - started
+    service.wait_for_indexes(args.collection)  # INDEX_BUILD=background: the command ends with them built
     elapsed = time.perf_counter() - started
     summary = {
         "collection": args.collection,
@@ -66,6 +68,7 @@ def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
         "documents_skipped": len(document_errors),
         "seconds": round(elapsed, 2),
         "chunks_per_second": round(chunks / elapsed, 1) if elapsed else None,
+        **({"core_seconds": round(core_elapsed, 2)} if service.index_builder is not None else {}),
     }
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     return 0 if ingested or not (source_errors or document_errors) else 1
@@ -84,6 +87,8 @@ def cmd_sync(args: argparse.Namespace, service: RagService) -> int:
         dry_run=args.dry_run,
         csv_columns=columns,
     )
+    if not args.dry_run:
+        service.wait_for_indexes(args.collection)
     for error in report.errors:
         print(f"error {error.location}: {error.message}", file=sys.stderr)
     print(
@@ -126,6 +131,7 @@ def cmd_reindex(args: argparse.Namespace, service: RagService) -> int:
     """Rebuild a collection's keyword rows and technique indexes from its stored documents."""
     service.embedder.wait_ready()
     summary = service.reindex(args.collection)
+    service.wait_for_indexes(args.collection)
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     return 0
 

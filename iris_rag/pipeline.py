@@ -28,7 +28,7 @@ from iris_rag.ranking import RankingOptions, check_ranking, pool_size, rerank
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk, check_embedding_model
 from iris_rag.stores.filters import MetadataFilter, parse_filters
-from iris_rag.stores.technique_index import TechniqueIndex
+from iris_rag.stores.technique_index import IndexProgress, TechniqueIndex
 
 
 class QueryOptions(BaseModel):
@@ -126,6 +126,8 @@ class PipelineContext:
     store: DocumentStore
     embedder: TextEncoder
     generator: Generator
+    # INDEX_BUILD=background: the builder of the technique indexes (None when they are built inline).
+    index_builder: IndexProgress | None = None
 
 
 class Pipeline(ABC):
@@ -148,11 +150,18 @@ class Pipeline(ABC):
         return {}
 
     def require_index(self, collection: CollectionInfo) -> None:
-        """Refuse to search a collection that this technique's index does not fully cover."""
+        """Refuse to search a collection that this technique's index does not fully cover.
+
+        Unless the background builder is still building it: then the search covers the documents indexed so
+        far, and the result says so (index_note).
+        """
         index = self.technique_index()
         if index is None:
             return
         indexed = index.indexed_documents(collection.id)
+        builder = self.context.index_builder
+        if indexed < collection.document_count and builder is not None and builder.pending(collection.id):
+            return  # still being built: the search covers what is indexed, and says so (index_note)
         if indexed < collection.document_count:
             msg = (
                 f"collection {collection.id!r} has {collection.document_count} documents but the "
@@ -160,6 +169,30 @@ class Pipeline(ABC):
                 f"Run `iris-rag reindex --collection {collection.id}` (no re-embedding: vectors are cached)"
             )
             raise IndexNotBuiltError(msg, {"indexed": indexed, "documents": collection.document_count})
+
+    def index_note(self, collection: CollectionInfo) -> dict[str, Any]:
+        """While the background builder is building this technique's index: how much it covers, to report."""
+        index = self.technique_index()
+        builder = self.context.index_builder
+        if index is None or builder is None or not builder.pending(collection.id):
+            return {}
+        indexed = index.indexed_documents(collection.id)
+        missing = collection.document_count - indexed
+        if missing <= 0:
+            return {}
+        return {
+            "index_build": {
+                "state": "building",
+                "indexed_documents": indexed,
+                "documents": collection.document_count,
+                "missing_documents": missing,
+                "note": (
+                    f"the {self.technique} index is still being built: this search covered {indexed} of "
+                    f"{collection.document_count} documents; {missing} are not searched yet "
+                    "(rag_health_check shows the progress)"
+                ),
+            }
+        }
 
     @abstractmethod
     def retrieve(
@@ -216,6 +249,7 @@ class Pipeline(ABC):
         options.check()
 
         check_cancelled()
+        note = self.index_note(collection)  # read before the search: it covers at least this much
         try:
             retrieval = self.retrieve(request.query, collection, options.for_retrieval(), params)
         except RagError:
@@ -223,6 +257,7 @@ class Pipeline(ABC):
         except Exception as exc:
             msg = f"{self.technique} retrieval failed: {type(exc).__name__}: {exc}"
             raise RetrievalFailedError(msg) from exc
+        retrieval.technique_specific.update(note)
         # Every technique scores on its own scale (cosine, fused min-max, RRF near 0.02, MaxSim): relevance
         # is judged on one scale, the query's cosine similarity to each chunk, whatever the technique.
         extractive = options.generate and self.context.generator.model_name == "extractive"

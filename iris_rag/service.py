@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from iris_rag.errors import (
     PipelineNotFoundError,
 )
 from iris_rag.generation import create_generator
+from iris_rag.ingestion.background import IndexBuilder
 from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.ingestion.paths import read_paths
@@ -35,6 +37,7 @@ from iris_rag.schemas import CORRELATION_FIELDS, served_tool_specs, technique_to
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
+from iris_rag.stores.technique_index import DocumentCoverage
 from iris_rag.techniques.registry import PIPELINES
 from iris_rag.validation import validate_arguments
 
@@ -77,7 +80,11 @@ class RagService:
         self.generator = create_generator(settings)
         self.monitor = Monitor(self.store)
         self.result_cache = ResultCache(settings.cache_ttl_s) if settings.cache_enabled else None
-        context = PipelineContext(settings, self.store, self.embedder, self.generator)
+        # INDEX_BUILD=background: one builder adds the technique indexes after each ingest's commit.
+        self.index_builder = IndexBuilder(self.store) if settings.index_build == "background" else None
+        context = PipelineContext(
+            settings, self.store, self.embedder, self.generator, index_builder=self.index_builder
+        )
         # Only techniques that have both a pipeline and a tool schema are served: no placeholder tools.
         self._tool_by_technique = technique_tools()
         self._tool_by_method = {
@@ -116,12 +123,43 @@ class RagService:
         indexes = [i for p in self.pipelines.values() if (i := p.technique_index()) is not None]
         for index in indexes:
             self.store.register_index(index)
-        self.ingestor = Ingestor(settings, self.store, self.embedder, indexes)
+        if self.index_builder is not None:
+            for name, pipeline in sorted(self.pipelines.items()):
+                if (technique_index := pipeline.technique_index()) is not None:
+                    self.index_builder.add(name, technique_index)
+            self.index_builder.start()  # first, documents an index lacks (a restart finishes a build)
+        self.ingestor = Ingestor(settings, self.store, self.embedder, indexes, self.index_builder)
 
     def close(self) -> None:
-        """Store the last call records, then release the store."""
+        """Stop the index builder, store the last call records, then release the store."""
+        if self.index_builder is not None:
+            self.index_builder.close()
         self.monitor.flush()
         self.store.close()
+
+    def wait_for_indexes(self, collection_id: str | None = None, *, quiet: bool = False) -> None:
+        """Block until the background builder has built every queued index (the CLI's ingest and eval).
+
+        Says so on stderr, with the documents left about every ten seconds, unless `quiet`.
+        """
+        builder = self.index_builder
+        if builder is None:
+            return
+        last = 0.0
+
+        def report(left: int) -> None:
+            nonlocal last
+            if not quiet and time.monotonic() - last >= 10:
+                last = time.monotonic()
+                names = ", ".join(sorted(builder.indexes))
+                print(f"waiting for the technique indexes ({names}): {left} documents left", file=sys.stderr)
+
+        builder.wait(collection_id, on_progress=report)
+        if last and not quiet:
+            print("the technique indexes are built", file=sys.stderr)
+        failed = {k: v for k, v in builder.failures().items() if collection_id in (None, k[0])}
+        for (collection, technique), error in sorted(failed.items()):
+            print(f"the {technique} index of {collection} failed: {error}", file=sys.stderr)
 
     def describe(self, _params: dict[str, Any] | None = None) -> dict[str, Any]:
         """The server's tools and their schemas (what the MCP front end lists)."""
@@ -218,7 +256,8 @@ class RagService:
             result["metadata"]["cache"] = {"hit": True, "age_s": round(age_s, 3)}
             return result
         result = pipeline.run(request)
-        self.result_cache.put(key, result)
+        if "index_build" not in result["metadata"]["technique_specific"]:  # a partial index: not kept
+            self.result_cache.put(key, result)
         result["metadata"]["cache"] = {"hit": False}
         return result
 
@@ -388,6 +427,8 @@ class RagService:
             raise InvalidParametersError(msg)
         access.require_writable(collection_id)
         self._visible_collection(collection_id)
+        if self.index_builder is not None:
+            self.index_builder.cancel_collection(collection_id)
         deleted = self.store.delete_collection(collection_id)
         if deleted is None:  # deleted meanwhile by another call or process
             raise access.collection_not_found(collection_id, [c.id for c in self.store.list_collections()])
@@ -525,7 +566,51 @@ class RagService:
         return verdict.status, verdict.error, verdict.details
 
     def _check_vector_store(self) -> tuple[str, str | None, dict[str, Any]]:
-        return "healthy", None, self.store.stats()
+        """The store's sizes, and each technique index's state per collection (degraded if one failed)."""
+        details = self.store.stats()
+        build = self.index_build_state()
+        details["index_build"] = build
+        failed = [
+            f"the {technique} index of {collection} failed: {state['error']}"
+            for collection, states in build["collections"].items()
+            for technique, state in states.items()
+            if state["state"] == "failed"
+        ]
+        return ("degraded", "; ".join(failed), details) if failed else ("healthy", None, details)
+
+    def index_build_state(self) -> dict[str, Any]:
+        """INDEX_BUILD, documents queued, and per collection each technique index's state.
+
+        ready; building (indexed_documents of documents); failed (error); incomplete (nothing is building
+        it: inline builds, or a technique served after the collection was ingested: `iris-rag reindex`).
+        """
+        builder = self.index_builder
+        collections: dict[str, dict[str, Any]] = {}
+        for collection in self.store.list_collections():
+            if not access.can_see(collection.id):
+                continue
+            if builder is not None:
+                states = builder.state(collection.id, collection.document_count)
+            else:
+                states = {}
+                for name, pipeline in sorted(self.pipelines.items()):
+                    index = pipeline.technique_index()
+                    if index is None or not isinstance(index, DocumentCoverage):
+                        continue
+                    indexed = index.indexed_documents(collection.id)
+                    ready = indexed >= collection.document_count
+                    states[name] = {
+                        "state": "ready" if ready else "incomplete",
+                        "indexed_documents": indexed,
+                        "documents": collection.document_count,
+                    }
+            if states:
+                collections[collection.id] = states
+        return {
+            "mode": self.settings.index_build,
+            "queued_documents": 0 if builder is None else builder.queued_documents(),
+            "collections": collections,
+        }
 
 
 def _check(

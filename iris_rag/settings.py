@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     noderag_leaf_vectors: Literal["encoded", "pooled"] = Field(
         "encoded", validation_alias="NODERAG_LEAF_VECTORS"
     )
+    # Technique indexes (ColBERT tokens, NodeRAG trees, the GraphRAG graph): built after the ingest commits
+    # its core, by one background builder (iris_rag/ingestion/background.py), or inside the ingest as before.
+    index_build: Literal["background", "inline"] = Field("background", validation_alias="INDEX_BUILD")
 
     # Chunking
     chunk_size: int = Field(1000, ge=100, le=20000, validation_alias="CHUNK_SIZE")

@@ -14,6 +14,11 @@ from iris_rag.embedder import Embedder
 from iris_rag.service import RagService
 from iris_rag.settings import PACKAGED_MODEL_NAME, Settings
 
+# The suite checks each technique's index right after an ingest, so it builds them inline; the default
+# (INDEX_BUILD=background) has its own tests, which ask for it (tests/ingestion/test_background.py,
+# tests/e2e/test_background_index.py). Servers the e2e tests start inherit this environment.
+os.environ.setdefault("INDEX_BUILD", "inline")
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_CORPUS = ROOT / "samples" / "scifact" / "corpus.jsonl"
 

@@ -57,10 +57,14 @@ def ensure_collection(
         )
         raise InvalidParametersError(msg)
     stale = sorted(set(service.stale_indexes(collection_id)) & set(techniques)) if collection else []
-    if stale:
+    if stale and service.index_builder is not None:
+        # INDEX_BUILD=background: the builder queued what these indexes lack when it started.
+        print(f"eval: the {', '.join(stale)} index of {collection_id} is being built", file=sys.stderr)
+    elif stale:
         print(f"eval: building the {', '.join(stale)} index for {collection_id}", file=sys.stderr)
         missing = dataset.corpus
     if not missing:
+        service.wait_for_indexes(collection_id)  # evaluations see complete indexes
         return 0
     service.embedder.wait_ready()
     ingested = 0
@@ -79,4 +83,5 @@ def ensure_collection(
             for error in result.errors:
                 tqdm.write(f"skipped document {error['id']}: {error['message']}", file=sys.stderr)
             bar.update(len(batch))
+    service.wait_for_indexes(collection_id)  # evaluations see complete indexes
     return ingested

@@ -16,6 +16,7 @@ from iris_rag import progress
 from iris_rag.cancellation import check_cancelled
 from iris_rag.encoder import TextEncoder
 from iris_rag.errors import InvalidParametersError
+from iris_rag.ingestion.background import IndexBuilder
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.settings import Settings
@@ -43,6 +44,7 @@ class IngestResult:
     embeddings_reused: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     time_ms: float = 0.0
+    indexes_building: list[str] = field(default_factory=list)  # techniques whose index is built afterwards
 
     def to_dict(self) -> dict[str, Any]:
         """The wire shape."""
@@ -54,6 +56,7 @@ class IngestResult:
             "embeddings_reused": self.embeddings_reused,
             "errors": self.errors,
             "time_ms": round(self.time_ms, 3),
+            **({"indexes_building": self.indexes_building} if self.indexes_building else {}),
         }
 
 
@@ -93,20 +96,30 @@ class Ingestor:
         store: DocumentStore,
         embedder: TextEncoder,
         technique_indexes: list[TechniqueIndex] | None = None,
+        builder: IndexBuilder | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.embedder = embedder
         self.technique_indexes = technique_indexes or []
-        # rag_colbert's index runs the model over every chunk anyway; its pass gives the dense vectors too.
+        # INDEX_BUILD=background: the builder's indexes are built after the commit, not in the transaction.
+        self.builder = builder
+        # rag_colbert's index runs the model over every chunk anyway; its pass gives the dense vectors too
+        # (when that index is built here, inside the ingest).
         self._encoding_source = next(
-            (i for i in self.technique_indexes if isinstance(i, ChunkEncodingSource)), None
+            (i for i in self.inline_indexes if isinstance(i, ChunkEncodingSource)), None
         )
         # NODERAG_LEAF_VECTORS=pooled: rag_noderag's sentence vectors come from the same pass, its hidden
         # states pooled over each sentence (off by default: 0.008 lower on a SciFact test subset).
         pooling = settings.noderag_leaf_vectors == "pooled"
-        spans = (i for i in self.technique_indexes if isinstance(i, SpanPooling))
+        spans = (i for i in self.inline_indexes if isinstance(i, SpanPooling))
         self._span_pooling = next(spans, None) if pooling else None
+
+    @property
+    def inline_indexes(self) -> list[TechniqueIndex]:
+        """The technique indexes built inside the ingest's transaction (all, without a background builder)."""
+        builder = self.builder
+        return [i for i in self.technique_indexes if builder is None or not builder.builds(i)]
 
     def ingest(
         self,
@@ -119,8 +132,21 @@ class Ingestor:
         """Ingest a batch in one store transaction; returns ids written and per-document errors.
 
         A new collection comes into being in that transaction too. The request's cancellation is checked
-        between encode slices and stages and before the commit: a cancelled ingest stores nothing.
+        between encode slices and stages and before the commit: a cancelled ingest stores nothing. With a
+        background builder, its indexes are queued once the commit is done (result.indexes_building).
         """
+        if self.builder is None:
+            return self._ingest(collection_id, documents, chunk_size, chunk_overlap)
+        with self.builder.core_ingest():  # the background builder waits for the core to be done
+            return self._ingest(collection_id, documents, chunk_size, chunk_overlap)
+
+    def _ingest(
+        self,
+        collection_id: str,
+        documents: Iterable[SourceDocument],
+        chunk_size: int | None,
+        chunk_overlap: int | None,
+    ) -> IngestResult:
         started = time.perf_counter()
         size = chunk_size or self.settings.chunk_size
         overlap = self.settings.chunk_overlap if chunk_overlap is None else chunk_overlap
@@ -185,7 +211,7 @@ class Ingestor:
             inputs.append(DocumentInput(doc_id, doc.title, doc.content, dict(doc.metadata), chunks))
         # Technique indexes do their heavy work here, outside the store's transaction.
         prepared: dict[str, Any] = {}
-        for index in self.technique_indexes:
+        for index in self.inline_indexes:
             check_cancelled()
             progress.stage(f"building the {index.name} index")
             prepared[index.name] = index.prepare(collection_id, inputs)
@@ -196,6 +222,9 @@ class Ingestor:
                 collection_id, inputs, prepared, new_collection=new_collection
             )
         result.document_ids = [d.id for d in inputs]
+        if self.builder is not None and inputs:
+            self.builder.submit(collection_id, result.document_ids)
+            result.indexes_building = sorted(self.builder.indexes)
         result.time_ms = (time.perf_counter() - started) * 1000
         return result
 

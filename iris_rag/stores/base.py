@@ -200,6 +200,18 @@ class Documents(Protocol):
         Its writes, when TechniqueIndex.write or delete calls them, join the store's open transaction.
         """
 
+    def index_transaction(
+        self, collection_id: str, document_ids: list[str]
+    ) -> AbstractContextManager[object]:
+        """A transaction adding technique-index rows for documents committed before (built in the background).
+
+        It waits for the collection's other writers (an upsert or delete of the same collection commits
+        wholly before or after it), so a document read inside it is the one the rows will sit beside; on
+        commit it moves the collection's data version on, as a change to those documents, so every cache
+        keyed on the version (a technique's loaded index) sees the new rows. `document_ids`: the documents
+        whose rows the block writes, read when the block ends (so the block may narrow the list).
+        """
+
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document and its chunks; False if it was absent."""
 

@@ -40,6 +40,26 @@ class TechniqueIndex(Protocol):
 
 
 @runtime_checkable
+class DocumentCoverage(Protocol):
+    """An index that can say which documents it holds: one the background builder may build.
+
+    With INDEX_BUILD=background (the default) such an index is left out of the ingest's transaction and
+    built afterwards, document batch by document batch (iris_rag/ingestion/background.py); the documents
+    it lacks, found here, are what a restarted worker builds, so no queue needs to be kept.
+    """
+
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents this index holds."""
+
+
+class IndexProgress(Protocol):
+    """What a pipeline asks the background builder (iris_rag/ingestion/background.py)."""
+
+    def pending(self, collection_id: str) -> bool:
+        """Whether index work for the collection is queued or running."""
+
+
+@runtime_checkable
 class CollectionState(Protocol):
     """An index that also keeps rows for a collection as a whole, beyond its documents' rows."""
 

@@ -18,6 +18,7 @@ import orjson
 from iris_rag import service
 from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.encoder import TextEncoder
+from iris_rag.ingestion.background import IndexBuilder
 from iris_rag.ingestion.ingestor import Ingestor
 from iris_rag.settings import Settings
 from iris_rag.stores.base import DocumentInput, DocumentStore
@@ -105,10 +106,11 @@ class IngestorWithBlockingIndex(Ingestor):
         store: DocumentStore,
         embedder: TextEncoder,
         technique_indexes: list[TechniqueIndex] | None = None,
+        builder: IndexBuilder | None = None,
     ) -> None:
         blocking = BlockingIndex(Path(os.environ[SIGNAL_FILE_ENV]), store)
         store.register_index(blocking)
-        super().__init__(settings, store, embedder, [*(technique_indexes or []), blocking])
+        super().__init__(settings, store, embedder, [*(technique_indexes or []), blocking], builder)
 
 
 if __name__ == "__main__":

@@ -118,6 +118,14 @@ class IrisTokenVectors:
         )
         return int(rows[0][0])
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents with rows."""
+        rows = self._store.rows(
+            f"SELECT DISTINCT document_id FROM {SCHEMA}.ColbertTokens WHERE collection_id = ?",
+            (collection_id,),
+        )
+        return {str(row[0]) for row in rows}
+
     def totals(self) -> TokenTotals:
         """Rows, documents, tokens and bytes over every collection.
 

@@ -122,6 +122,13 @@ class IrisNodeTreeStorage:
         )
         return int(rows[0][0])
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's summary rows."""
+        rows = self.store.rows(
+            f"SELECT document_id FROM {SCHEMA}.NodeTreeDocuments WHERE collection_id = ?", (collection_id,)
+        )
+        return {str(row[0]) for row in rows}
+
     def totals(self) -> NodeTreeTotals:
         """Sums over the summary rows."""
         row = self.store.rows(

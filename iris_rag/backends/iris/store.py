@@ -557,6 +557,19 @@ class IrisStore:
         self._vectors.discard(collection_id)
         return deleted > 0
 
+    @contextmanager
+    def index_transaction(self, collection_id: str, document_ids: list[str]) -> Iterator[None]:
+        """A transaction for technique rows built after the documents' commit.
+
+        The collection row's lock serializes it with the collection's writers; the data version moves on
+        when rows were written.
+        """
+        with self.transaction():
+            self._lock_collection(collection_id)
+            yield
+            if document_ids:
+                self._bump_version(collection_id)
+
     def delete_collection(self, collection_id: str) -> int | None:
         """Each document through the technique indexes, then every row of the collection."""
         with self.transaction():

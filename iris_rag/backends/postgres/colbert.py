@@ -117,6 +117,18 @@ class PostgresTokenVectors:
         )
         return int(row["n"]) if row else 0
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents with rows."""
+        rows = (
+            self._store.connection()
+            .execute(
+                "SELECT DISTINCT document_id FROM colbert_token_vectors WHERE collection_id = %s",
+                (collection_id,),
+            )
+            .fetchall()
+        )
+        return {row["document_id"] for row in rows}
+
     def totals(self) -> TokenTotals:
         """Rows, documents, tokens and bytes over every collection."""
         row = (

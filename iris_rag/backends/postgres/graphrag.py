@@ -247,6 +247,15 @@ class PostgresKnowledgeGraph:
             self._rows("SELECT COUNT(*) FROM kg_documents WHERE collection_id = %s", (collection_id,))[0][0]
         )
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the documents the graph covers."""
+        return {
+            row[0]
+            for row in self._rows(
+                "SELECT document_id FROM kg_documents WHERE collection_id = %s", (collection_id,)
+            )
+        }
+
     def entities(self, collection_id: str, min_documents: int) -> list[StoredEntity]:
         """Every entity by id; vectors only of those in at least min_documents documents."""
         rows = self._rows(

@@ -109,6 +109,15 @@ class PostgresNodeTreeStorage:
         )
         return int(row["n"]) if row else 0
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's summary rows."""
+        rows = (
+            self.store.connection()
+            .execute("SELECT document_id FROM node_tree_documents WHERE collection_id = %s", (collection_id,))
+            .fetchall()
+        )
+        return {row["document_id"] for row in rows}
+
     def totals(self) -> NodeTreeTotals:
         """Sums over the summary rows."""
         row = (

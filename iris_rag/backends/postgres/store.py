@@ -361,6 +361,23 @@ class PostgresStore:
             )
         return deleted > 0
 
+    @contextmanager
+    def index_transaction(self, collection_id: str, document_ids: list[str]) -> Iterator[Connection[Row]]:
+        """A transaction for technique rows built after the documents' commit.
+
+        Serialized with the collection's writers by its keyword totals row, which they lock too; the
+        documents' no-op update moves the data version on (the trigger).
+        """
+        with self.transaction() as connection:
+            connection.execute(
+                "SELECT 1 FROM keyword_totals WHERE collection_id = %s FOR UPDATE", (collection_id,)
+            )
+            yield connection
+            connection.execute(
+                "UPDATE documents SET updated_at = updated_at WHERE collection_id = %s AND id = ANY(%s)",
+                (collection_id, document_ids),
+            )
+
     def delete_collection(self, collection_id: str) -> int | None:
         """Each document through the technique indexes, then the collection row and what hangs on it.
 

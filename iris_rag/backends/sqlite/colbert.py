@@ -130,6 +130,15 @@ class SqliteTokenVectors:
         )
         return int(row[0])
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents with rows."""
+        rows = (
+            self._store.connection()
+            .execute(f"SELECT DISTINCT document_id FROM {TABLE} WHERE collection_id = ?", (collection_id,))
+            .fetchall()
+        )
+        return {row[0] for row in rows}
+
     def totals(self) -> TokenTotals:
         """Rows, documents, tokens and bytes over every collection."""
         row = (

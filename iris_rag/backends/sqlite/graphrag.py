@@ -378,6 +378,15 @@ class SqliteKnowledgeGraph:
         )
         return int(row[0])
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the documents the graph covers."""
+        rows = (
+            self._store.connection()
+            .execute("SELECT document_id FROM kg_documents WHERE collection_id = ?", (collection_id,))
+            .fetchall()
+        )
+        return {row[0] for row in rows}
+
     def entities(self, collection_id: str, min_documents: int) -> list[StoredEntity]:
         """Every entity by id; vectors only of those in at least min_documents documents."""
         rows = (

@@ -144,6 +144,15 @@ class SqliteNodeTreeStorage:
         )
         return int(row[0])
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's summary rows."""
+        rows = (
+            self.store.connection()
+            .execute("SELECT document_id FROM node_tree_documents WHERE collection_id = ?", (collection_id,))
+            .fetchall()
+        )
+        return {row[0] for row in rows}
+
     def totals(self) -> NodeTreeTotals:
         """Sums over the summary rows."""
         row = (

@@ -663,6 +663,25 @@ class SqliteStore:
             raise
         return deleted > 0
 
+    @contextmanager
+    def index_transaction(self, collection_id: str, document_ids: list[str]) -> Iterator[None]:
+        """A write transaction for technique rows built after the documents' commit.
+
+        The writer lock serializes it with every other writer; the documents' no-op update moves the data
+        version on (the triggers), logging them as changed.
+        """
+        try:
+            with self.write_transaction() as connection:
+                yield
+                connection.executemany(
+                    "UPDATE documents SET updated_at = updated_at WHERE collection_id = ? AND id = ?",
+                    [(collection_id, document_id) for document_id in document_ids],
+                )
+                _prune_changes(connection, collection_id)
+        except BaseException:
+            self._invalidate(collection_id)
+            raise
+
     def delete_collection(self, collection_id: str) -> int | None:
         """Each document through the technique indexes, then the collection's own rows and keyword tables."""
         try:

@@ -372,7 +372,8 @@ class TokenVectorIndex:
 
     def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
         """Insert the chunks' rows and add their word pieces to the collection's chunk frequencies."""
-        chunks: list[PreparedChunk] = prepared
+        wanted = {d.id for d in documents}  # fewer than prepared when the background builder skips some
+        chunks: list[PreparedChunk] = [c for c in prepared if c.document_id in wanted]
         dimension = self.encoder.dimension
         self.rows.insert(
             collection_id,
@@ -419,6 +420,10 @@ class TokenVectorIndex:
     def indexed_documents(self, collection_id: str) -> int:
         """Distinct documents with token rows in the collection."""
         return self.rows.indexed_documents(collection_id)
+
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents with token rows."""
+        return self.rows.indexed_document_ids(collection_id)
 
     def load(self, collection_id: str, chunk_ids: list[str]) -> dict[str, ChunkTokens]:
         """The stored token vectors of the given chunks (chunks without rows are left out)."""

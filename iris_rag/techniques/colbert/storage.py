@@ -58,5 +58,8 @@ class TokenVectorStorage(Protocol):
     def indexed_documents(self, collection_id: str) -> int:
         """Distinct documents with rows in the collection."""
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents with rows."""
+
     def totals(self) -> TokenTotals:
         """Rows, documents, tokens and bytes over every collection."""

@@ -324,6 +324,10 @@ class KnowledgeGraphIndex:
         """How many of the collection's documents the graph covers."""
         return self.graph.indexed_documents(collection_id)
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents the graph covers."""
+        return self.graph.indexed_document_ids(collection_id)
+
     # Query side
     def collection_info(self, collection_id: str) -> dict[str, Any]:
         """The collection's graph record: extractor, LLM model, version, update time."""

@@ -193,6 +193,9 @@ class KnowledgeGraphStorage(Protocol):
     def indexed_documents(self, collection_id: str) -> int:
         """How many documents the graph covers."""
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the documents the graph covers."""
+
     def entities(self, collection_id: str, min_documents: int) -> list[StoredEntity]:
         """Every entity by id; vectors only of those in at least min_documents documents."""
 

@@ -372,8 +372,12 @@ class NodeTreeIndex:
         return prepared
 
     def write(self, collection_id: str, documents: list[DocumentInput], prepared: Any) -> None:
-        """Store the prepared trees (inside the ingest transaction, after the documents' chunks)."""
-        self.storage.write_trees(collection_id, prepared)
+        """Store the prepared trees of these documents (inside the ingest transaction, after their chunks).
+
+        The background builder passes fewer documents than it prepared when some changed meanwhile.
+        """
+        wanted = {d.id for d in documents}
+        self.storage.write_trees(collection_id, [t for t in prepared if t.document_id in wanted])
 
     def delete(self, collection_id: str, document_id: str) -> None:
         """Remove a document's tree (inside the replace or delete transaction)."""
@@ -396,6 +400,10 @@ class NodeTreeIndex:
     def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents have their node tree."""
         return self.storage.indexed_documents(collection_id)
+
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents that have their node tree."""
+        return self.storage.indexed_document_ids(collection_id)
 
     # Embedding
     def embed(self, texts: list[str]) -> Vectors:

@@ -90,6 +90,9 @@ class NodeTreeStorage(Protocol):
     def indexed_documents(self, collection_id: str) -> int:
         """How many of the collection's documents have a tree."""
 
+    def indexed_document_ids(self, collection_id: str) -> set[str]:
+        """The ids of the collection's documents that have a tree."""
+
     def totals(self) -> NodeTreeTotals:
         """Documents, nodes and leaves stored, over every collection."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -239,3 +241,45 @@ def test_vectors_come_back_as_stored(store: DocumentStore) -> None:
         expected = {f"a#{j}": float(np.dot(vectors[j], v)) for j in range(3)}
         assert scores == {k: pytest.approx(e, abs=1e-5) for k, e in expected.items()}
         assert store.vector_search("c", v, 1)[0].chunk_id == f"a#{i}"
+
+
+def test_index_transaction_moves_the_version_and_waits_for_the_collections_writers(
+    store: DocumentStore,
+) -> None:
+    """Technique rows written after the documents' commit (INDEX_BUILD=background)."""
+    index = WordCountIndex()
+    store.register_index(index)
+    new_collection(store)
+    doc = document("a", ["alpha one two"])
+    store.upsert_documents("c", [doc])  # the core only: no index rows
+    assert index.rows == {}
+    before = store.data_version("c")
+    stored = store.get_document("c", "a")
+    written = ["a"]
+    with store.index_transaction("c", written):
+        index.write("c", [doc], index.prepare("c", [doc]))
+    assert index.rows == {("c", "a"): 3}
+    assert store.data_version("c") > before  # caches keyed on the version see the new rows
+    assert store.get_document("c", "a") == stored  # the document itself is untouched
+    moved = store.data_version("c")
+    with store.index_transaction("c", []):
+        pass
+    assert store.data_version("c") == moved  # nothing written, nothing moved
+
+    # An upsert of the collection on another thread waits until the index transaction commits.
+    entered, order = threading.Event(), []
+
+    def replace() -> None:
+        entered.wait(10)
+        store.upsert_documents("c", [document("a", ["alpha replaced"])])
+        order.append("upsert")
+
+    writer = threading.Thread(target=replace)
+    writer.start()
+    with store.index_transaction("c", written):
+        entered.set()
+        time.sleep(0.5)
+        order.append("index")
+    writer.join(30)
+    assert order == ["index", "upsert"]
+    assert index.rows == {}  # the replace, once it ran, took the document's rows
