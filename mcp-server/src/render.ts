@@ -80,5 +80,13 @@ export function renderTechniqueResult(result: JsonObject): string {
       `[${s.citation}] ${s.title || "(untitled)"} | document ${s.documentId} | chunks ${s.chunkIds.join(", ")} | score ${s.score.toFixed(3)}\n    ${s.snippet}`,
   );
   const body = found.length > 0 ? lines.join("\n") : "(no passages retrieved)";
-  return `${answer}${steps(result.cot_steps)}\n\n${header}\n${body}`;
+  return `${answer}${steps(result.cot_steps)}\n\n${header}\n${body}${indexNote(metadata)}`;
+}
+
+/** INDEX_BUILD=background: the model must know that the search did not cover every document yet. */
+function indexNote(metadata: JsonObject): string {
+  const specific = isObject(metadata.technique_specific) ? metadata.technique_specific : {};
+  const build = isObject(specific.index_build) ? specific.index_build : {};
+  const note = str(build.note);
+  return note ? `\n\nNote: ${note}` : "";
 }

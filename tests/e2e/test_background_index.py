@@ -12,6 +12,7 @@ import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.types import TextContent
 
 from tests.conftest import SAMPLE_CORPUS
 from tests.e2e.conftest import INITIALIZE_TIMEOUT_S
@@ -70,8 +71,14 @@ async def test_ingest_returns_first_and_techniques_say_what_is_not_indexed_yet(
     basic = await _call(background_session, "rag_basic", {"query": QUERY, "collection_id": "bg"})
     assert basic["retrieved_documents"]
     assert "index_build" not in basic["metadata"]["technique_specific"]
-    noderag = await _call(background_session, "rag_noderag", {"query": QUERY, "collection_id": "bg"})
+    with anyio.fail_after(300):
+        result = await background_session.call_tool("rag_noderag", {"query": QUERY, "collection_id": "bg"})
+    noderag = result_json(result)
     note = noderag["metadata"]["technique_specific"]["index_build"]
+    # The text a client's model reads says it too, not only structuredContent.
+    assert isinstance(result.content[0], TextContent) and result.content[0].text.endswith(
+        f"Note: {note['note']}"
+    )
     assert note["state"] == "building" and note["documents"] == 40
     assert note["missing_documents"] == 40 - note["indexed_documents"] > 0
     assert f"covered {note['indexed_documents']} of 40 documents" in note["note"]

@@ -109,6 +109,14 @@ describe("a technique result's text", () => {
     assert.ok(!text.includes("[3]"));
   });
 
+  it("ends with the note of an index still being built, and only then", () => {
+    const base = { technique: "noderag", answer: "A", retrieved_documents: [], performance: {} };
+    const note = "the noderag index is still being built: this search covered 3 of 9 documents";
+    const partial = renderTechniqueResult({ ...base, metadata: { technique_specific: { index_build: { state: "building", note } } } });
+    assert.ok(partial.endsWith(`\n\nNote: ${note}`));
+    assert.ok(!renderTechniqueResult({ ...base, metadata: { technique_specific: {} } }).includes("Note:"));
+  });
+
   it("says when no answer was generated and when nothing was retrieved", () => {
     const text = renderTechniqueResult({ technique: "basic", answer: null, retrieved_documents: [], metadata: {}, performance: {} });
     assert.match(text, /no answer generated/);
