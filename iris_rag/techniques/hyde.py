@@ -55,7 +55,7 @@ class HydeParams(BaseModel):
     generate_hypothetical: bool = True
     hypothesis_length: int = Field(200, ge=50, le=500)
     combine_strategy: Literal["auto", "replace", "combine", "weighted"] = "auto"
-    hypothesis_weight: float = Field(0.1, ge=0, le=1)
+    hypothesis_weight: float = Field(0.2, ge=0, le=1)
     prf_depth: int = Field(2, ge=1, le=20)
 
 
@@ -83,7 +83,7 @@ def effective_strategy(params: HydeParams, source: str) -> str:
     """auto: replace for an LLM-written hypothesis (HyDE as published), else weighted (the feedback vector).
 
     Without an LLM the first pass's mean vector alone ranks well below the query (it drifts to whatever
-    the first pass found); mixed in at hypothesis_weight 0.1 from the top 2 chunks it ranked best on
+    the first pass found); mixed in at hypothesis_weight 0.2 from the top 2 chunks it ranked best on
     SciFact train (docs/techniques/hyde.md).
     """
     if params.combine_strategy != "auto":

@@ -143,7 +143,7 @@ def test_prf_feedback_vector_without_llm(hyde_service: RagService) -> None:
     result = hyde(hyde_service, "heart attack prevention", top_k=5)
     spec = specific(result)
     assert spec["hypothesis_source"] == "prf"
-    # auto without an LLM: the feedback vector is mixed in at hypothesis_weight (0.1), not used alone.
+    # auto without an LLM: the feedback vector is mixed in at hypothesis_weight (0.2), not used alone.
     assert spec["generate_hypothetical"] is True and spec["combine_strategy"] == "weighted"
     plain = basic(hyde_service, "heart attack prevention", top_k=2)  # prf_depth's default
     assert spec["prf_documents"] == ids(plain)
@@ -152,7 +152,7 @@ def test_prf_feedback_vector_without_llm(hyde_service: RagService) -> None:
         spec["hypothesis"] is None and "hypothesis_tokens" not in spec and "hypothesis_segments" not in spec
     )
     assert spec["prf_chunks"] == [d["chunk_id"] for d in plain["retrieved_documents"]]
-    assert spec["hypothesis_weight"] == 0.1
+    assert spec["hypothesis_weight"] == 0.2
     replaced = hyde(hyde_service, "heart attack prevention", {"combine_strategy": "replace"}, top_k=5)
     # replace: the hypothesis vector alone ranks, so the score is the cosine to the hypothesis.
     for document in replaced["retrieved_documents"]:
