@@ -71,9 +71,10 @@ def query_terms(text: str) -> list[str]:
 def stem(term: str) -> str:
     """The Porter stem, as FTS5's porter tokenizer stores the term (remembered: a word's stem never changes).
 
-    The pure-Python stemmer takes about 30 us a word; the extractive answer stems every word of the
-    retrieved passages (about 350 a call), which was a third of a rag_basic call (docs/benchmarks.md,
-    "Where rag_basic's time goes"). A vocabulary repeats, so nearly every word is a cache hit.
+    The extractive answer stems every word of the retrieved passages (about 350 a call): with the pure-
+    Python stemmer (about 15-30 us a word) that was a third of a rag_basic call (docs/benchmarks.md,
+    "Where rag_basic's time goes"). snowballstemmer hands out PyStemmer's C stemmers (a dependency; the
+    same stems, tests/test_text.py), about 1 us a word, and a vocabulary repeats, so most words are hits.
     """
     stemmer = getattr(_stemmers, "porter", None)
     if stemmer is None:

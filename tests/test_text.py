@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
+
+import snowballstemmer
 
 from iris_rag.text import stem
 
@@ -53,3 +56,21 @@ def test_stem_remembers_each_word() -> None:
     after = stem.cache_info()
     assert after.hits - before.hits >= 1  # the repeated word at least
     assert stem("hypertension") is stem("hypertension")
+
+
+def test_the_c_stemmer_stems_as_the_pure_python_porter() -> None:
+    """PyStemmer (a dependency) makes snowballstemmer hand out its C stemmers; they must stem exactly as the
+    pure-Python Porter stemmer (which FTS5's porter tokenizer matches), word for word."""
+    import Stemmer
+    from snowballstemmer.porter_stemmer import PorterStemmer
+
+    from tests.conftest import SAMPLE_CORPUS
+
+    words = sorted(
+        {w for line in SAMPLE_CORPUS.read_text().splitlines() for w in re.findall(r"\w+", line.lower())}
+    )
+    assert len(words) > 5_000
+    c_stemmer, python_stemmer = Stemmer.Stemmer("porter"), PorterStemmer()
+    assert [c_stemmer.stemWord(w) for w in words] == [python_stemmer.stemWord(w) for w in words]
+    assert isinstance(snowballstemmer.stemmer("porter"), Stemmer.Stemmer), "the C stemmer is the one used"
+    assert [stem.__wrapped__(w) for w in words[:500]] == [python_stemmer.stemWord(w) for w in words[:500]]
