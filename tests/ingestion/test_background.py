@@ -236,6 +236,11 @@ def test_a_document_replaced_or_deleted_before_its_build_leaves_no_stale_rows(
     assert note["state"] == "building" and note["missing_documents"] == 5 and note["documents"] == 5
     states = background.index_build_state()["collections"]["c"]
     assert states["noderag"] == {"state": "building", "indexed_documents": 0, "documents": 5}
+    # rag_graph_explore on the graph being built says so too.
+    explored = background.methods()["graph_explore"]({"collection_id": "c", "entity": "insulin"})
+    assert (
+        explored["index_build"]["state"] == "building" and explored["index_build"]["missing_documents"] == 5
+    )
     gate.open.set()
     background.wait_for_indexes("c", quiet=True)
 

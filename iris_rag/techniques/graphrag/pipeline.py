@@ -505,6 +505,7 @@ class GraphRagPipeline(Pipeline):
         arguments = validate_arguments("rag_graph_explore", params)
         collection = self.resolve_collection(arguments.get("collection_id"))
         self.require_index(collection)
+        note = self.index_note(collection)  # INDEX_BUILD=background: a graph still being built says so
         limit = int(arguments.get("limit", 20))
         evidence_limit = int(arguments.get("evidence_per_relation", 2))
         relation_type = arguments.get("relation_type")
@@ -520,6 +521,7 @@ class GraphRagPipeline(Pipeline):
                 "entities": len(table.rows),
                 "documents": table.documents,
             },
+            **note,
         }
         match = self._match_entity(arguments["entity"], table)
         if match is None:
