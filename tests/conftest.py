@@ -104,9 +104,8 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.cleanup()
 
 
-@pytest.fixture
-def postgres_url(postgres_server: str) -> Iterator[str]:
-    """A fresh, empty database on the session's server, dropped after the test."""
+def fresh_database(postgres_server: str) -> Iterator[str]:
+    """A fresh, empty database on the session's server (its URL), dropped when the generator resumes."""
     import psycopg
 
     name = f"test_{next(_databases)}"
@@ -115,6 +114,12 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
     yield postgres_server.replace("/postgres?", f"/{name}?", 1)
     with psycopg.connect(postgres_server, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A fresh, empty database on the session's server, dropped after the test."""
+    yield from fresh_database(postgres_server)
 
 
 IRIS_SKIP_REASON = "IRIS_HOST not set: no InterSystems IRIS server to run against (see README, Stores)"

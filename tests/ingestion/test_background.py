@@ -6,7 +6,6 @@ GraphRAG indexes. The builder's thread is held at a gate where a test needs work
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from iris_rag.settings import Settings
 from iris_rag.techniques.colbert.storage import TokenVectorStorage
 from iris_rag.techniques.graphrag.storage import KnowledgeGraphStorage
 from iris_rag.techniques.noderag.storage import NodeTreeStorage
-from tests.conftest import SAMPLE_CORPUS
+from tests.conftest import SAMPLE_CORPUS, fresh_database
 
 TECHNIQUES = ("colbert", "graphrag", "noderag")
 QUERIES = (
@@ -75,29 +74,18 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _database(request: pytest.FixtureRequest, backend: str, name: str) -> Iterator[str | None]:
+def _database(request: pytest.FixtureRequest, backend: str) -> Iterator[str | None]:
     """A fresh PostgreSQL database on the session's server (None for SQLite), dropped afterwards."""
     if backend != "postgres":
         yield None
         return
-    import psycopg
-
-    server: str = request.getfixturevalue("postgres_server")
-    database = f"background_{name}_{next(_numbers)}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {database}")
-    yield server.replace("/postgres?", f"/{database}?", 1)
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-
-
-_numbers = itertools.count()
+    yield from fresh_database(request.getfixturevalue("postgres_server"))
 
 
 @pytest.fixture
 def background_url(request: pytest.FixtureRequest, backend: str) -> Iterator[str | None]:
     """The background service's database."""
-    yield from _database(request, backend, "background")
+    yield from _database(request, backend)
 
 
 @pytest.fixture
@@ -115,7 +103,7 @@ def inline(
     tmp_path: Path, embedder: Embedder, request: pytest.FixtureRequest, backend: str
 ) -> Iterator[RagService]:
     """A service building them inside each ingest (as before INDEX_BUILD existed), on a store of its own."""
-    databases = _database(request, backend, "inline")
+    databases = _database(request, backend)
     rag = RagService(_settings(tmp_path, "inline", backend, next(databases)), embedder=embedder)
     yield rag
     rag.close()
