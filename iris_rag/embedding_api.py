@@ -71,6 +71,7 @@ class ApiEmbedder:
         self.requested_dimensions = settings.embedding_dimensions
         self.error: str | None = None
         self.load_time_s: float | None = None
+        self.onnx_export: str | None = None  # a hosted model has nothing to export
         self.backend: str | None = "api"
         self.tokenizer = ApproximateTokenizer()
         self._secrets = settings.llm_secrets

@@ -27,6 +27,9 @@ class TextEncoder(Protocol):
     batch_size: int
     error: str | None
     load_time_s: float | None
+    # The local model's ONNX export on a first start ("exporting", "exported: <path>", "failed: ..."),
+    # None when there is none to do (an API encoder, ONNX already there, or the export turned off).
+    onnx_export: str | None
 
     @property
     def state(self) -> Literal["loading", "ready", "failed"]:

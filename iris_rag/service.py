@@ -547,7 +547,7 @@ class RagService:
             "state": embedder.state,
             "load_time_s": embedder.load_time_s,
             "backend": embedder.backend,  # onnx or torch (EMBEDDING_BACKEND), once loaded
-            "onnx_export": getattr(embedder, "onnx_export", None),  # a first start's export for the next
+            "onnx_export": embedder.onnx_export,  # a first start's export for the next
         }
         if embedder.state == "failed":
             return "unhealthy", embedder.error, info
