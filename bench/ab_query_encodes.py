@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 import iris_rag.techniques.hyde as hyde_module
-from bench.common import SAMPLE, machine, percentiles, read_jsonl, write
+from bench.common import SAMPLE, add_query_options, machine, percentiles, read_jsonl, write
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -63,10 +63,7 @@ def main() -> None:
     )
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--collection", required=True)
-    parser.add_argument("--queries", type=Path, default=SAMPLE / "queries.jsonl")
-    parser.add_argument("--queries-limit", type=int, default=22)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None)
+    add_query_options(parser, queries=SAMPLE / "queries.jsonl", queries_limit=22, warmup=2)
     args = parser.parse_args()
     limit_blas_threads()
     service = RagService(Settings(RAG_DATA_DIR=args.data_dir))

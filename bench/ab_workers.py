@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from bench.common import SCIFACT, machine, percentiles, read_jsonl, write
+from bench.common import SCIFACT, add_query_options, machine, percentiles, read_jsonl, write
 
 
 class Worker:
@@ -76,12 +76,8 @@ def main() -> None:
     parser.add_argument("--collection", required=True)
     parser.add_argument("--variant", action="append", required=True, help="NAME=SOURCE_DIR (repeatable)")
     parser.add_argument("--techniques", default="graphrag")
-    parser.add_argument("--queries", type=Path, default=SCIFACT / "queries.jsonl")
-    parser.add_argument("--queries-limit", type=int, default=100)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--top-k", type=int, default=5)
+    add_query_options(parser, queries=SCIFACT / "queries.jsonl", queries_limit=100, warmup=5, top_k=5)
     parser.add_argument("--generate", action=argparse.BooleanOptionalAction, default=False)
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     variants = {name: Path(path) for name, _, path in (v.partition("=") for v in args.variant)}

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, SAMPLE, machine, percentiles, read_jsonl, write
+from bench.common import ROOT, SAMPLE, add_query_options, machine, percentiles, read_jsonl, write
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
@@ -116,12 +116,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--corpus", type=Path, default=SAMPLE / "corpus.jsonl")
-    parser.add_argument("--queries", type=Path, default=SAMPLE / "queries.jsonl")
-    parser.add_argument("--queries-limit", type=int, default=200)
+    add_query_options(parser, queries=SAMPLE / "queries.jsonl", queries_limit=200)
     parser.add_argument("--postgres-url", default=None)
     parser.add_argument("--sqlite-data-dir", type=Path, default=DATA / "sqlite")
     parser.add_argument("--collection", default=COLLECTION)
-    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keyword-leg", action="store_true", help="time only the stores' keyword search")
     args = parser.parse_args()
     limit_blas_threads()

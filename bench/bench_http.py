@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import ROOT, machine, percentiles, read_jsonl, write
+from bench.common import ROOT, add_query_options, machine, percentiles, read_jsonl, write
 
 READY = re.compile(r"MCP server ready on (http://\S+)/mcp")
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -175,12 +175,10 @@ def main() -> None:
     )
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--collection", required=True)
-    parser.add_argument("--queries", type=Path, required=True)
-    parser.add_argument("--queries-limit", type=int, default=300)
+    add_query_options(parser, queries=None, queries_limit=300)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--techniques", default="basic,hybrid_ifind,hyde,crag")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     queries = [q["text"] for q in read_jsonl(args.queries, args.queries_limit)]
     keys = [f"bench-key-{i}" for i in range(args.clients)]

@@ -29,7 +29,7 @@ import orjson
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from bench.common import ROOT, SAMPLE, machine, median, percentiles, read_jsonl, write
+from bench.common import ROOT, SAMPLE, add_query_options, machine, median, percentiles, read_jsonl, write
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
@@ -181,9 +181,7 @@ def main() -> None:
     """Run the three paths and print medians and the front end's cost."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--corpus", type=Path, default=SAMPLE / "corpus.jsonl")
-    parser.add_argument("--queries", type=Path, default=SAMPLE / "queries.jsonl")
-    parser.add_argument("--queries-limit", type=int, default=100)
-    parser.add_argument("--warmup", type=int, default=5)
+    add_query_options(parser, queries=SAMPLE / "queries.jsonl", queries_limit=100, warmup=5)
     parser.add_argument("--data-dir", type=Path, default=None, help="default: bench/.data/<corpus folder>")
     parser.add_argument("--collection", default=COLLECTION, help="ingested from --corpus if absent")
     parser.add_argument(
@@ -191,7 +189,6 @@ def main() -> None:
         default=",".join(PATHS),
         help="paths besides direct (fewer processes: less contention on a small machine)",
     )
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     limit_blas_threads()  # as the worker and the CLI do
 

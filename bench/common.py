@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
@@ -64,3 +65,27 @@ def write(out: Path | None, result: dict[str, Any]) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n", encoding="utf-8")
+
+
+def add_query_options(
+    parser: argparse.ArgumentParser,
+    *,
+    queries: Path | None,
+    queries_limit: int,
+    warmup: int | None = None,
+    top_k: int | None = None,
+) -> None:
+    """The options every latency benchmark takes: the query file and how many, warm-up calls, top_k, output.
+
+    `queries=None` makes --queries required; `warmup` / `top_k` None leave that option out.
+    """
+    if queries is None:
+        parser.add_argument("--queries", type=Path, required=True, help="a BEIR queries.jsonl")
+    else:
+        parser.add_argument("--queries", type=Path, default=queries, help="a BEIR queries.jsonl")
+    parser.add_argument("--queries-limit", type=int, default=queries_limit, help="how many of them")
+    if warmup is not None:
+        parser.add_argument("--warmup", type=int, default=warmup, help="untimed calls first")
+    if top_k is not None:
+        parser.add_argument("--top-k", type=int, default=top_k)
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON result here")

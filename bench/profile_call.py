@@ -25,7 +25,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import SAMPLE, machine, percentiles, read_jsonl, write
+from bench.common import SAMPLE, add_query_options, machine, percentiles, read_jsonl, write
 from iris_rag import pipeline as pipeline_module
 from iris_rag import service as service_module
 from iris_rag.runtime import limit_blas_threads
@@ -105,13 +105,9 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, required=True, help="RAG_DATA_DIR with the collection")
     parser.add_argument("--collection", required=True)
     parser.add_argument("--technique", default="basic")
-    parser.add_argument("--queries", type=Path, default=SAMPLE / "queries.jsonl")
-    parser.add_argument("--queries-limit", type=int, default=100)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--top-k", type=int, default=5)
+    add_query_options(parser, queries=SAMPLE / "queries.jsonl", queries_limit=100, warmup=5, top_k=5)
     parser.add_argument("--generate", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--cprofile", type=int, default=0, help="also print the N costliest functions")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     os.environ["RAG_DATA_DIR"] = str(args.data_dir)
     limit_blas_threads()  # as the worker does

@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.common import SCIFACT, machine, percentiles, read_jsonl, write
+from bench.common import SCIFACT, add_query_options, machine, percentiles, read_jsonl, write
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -29,12 +28,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--collection", required=True, help="an ingested collection (RAG_DATA_DIR's store)")
-    parser.add_argument("--queries", type=Path, default=SCIFACT / "queries.jsonl")
-    parser.add_argument("--queries-limit", type=int, default=300)
     parser.add_argument("--variant", action="append", required=True, help="NAME=<technique_params JSON>")
-    parser.add_argument("--top-k", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None)
+    add_query_options(parser, queries=SCIFACT / "queries.jsonl", queries_limit=300, warmup=5, top_k=5)
     args = parser.parse_args()
     limit_blas_threads()  # as the worker and the CLI do
     variants: dict[str, dict[str, Any]] = {}
