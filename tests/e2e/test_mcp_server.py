@@ -105,11 +105,10 @@ async def test_tool_list_fits_a_small_budget_and_says_which_tool_to_start_with(
     assert "Start with rag_hybrid_ifind" in server_instructions
     hyde = next(tool for tool in listed.tools if tool.name == "rag_hyde")
     assert hyde.description is not None
-    # Issue 17: the description says what the no-LLM default is (issue 18: the feedback vector).
-    assert "Without an LLM, with the query mixed with its top 2 passages' vectors" in hyde.description
-    assert (
-        "no better than rag_basic" in hyde.description
-    )  # issue 15: says plainly it is not the better choice
+    # Issue 17: the description says what the no-LLM default is: feedback from a hybrid first pass.
+    assert "Without an LLM, the query mixed with the vector of rag_hybrid_ifind's top passage" in (
+        hyde.description
+    )
 
 
 async def test_a_technique_result_reads_as_answer_and_numbered_sources(session: ClientSession) -> None:
