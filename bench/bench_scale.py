@@ -318,9 +318,10 @@ def keyword_postings(chunks: int, queries_limit: int) -> dict[str, Any]:
         }
         store.get_collection(collection)
         rss = rss_mb()
+        # What the loading thread that the first search starts runs (FTS5 answers meanwhile).
         start, cpu = time.perf_counter(), time.process_time()
-        store.keyword_search(collection, KeywordQuery.of(query_terms(queries[0])), 50)
-        result["cold_first_keyword_search_ms"] = {
+        store.load_keyword_postings(collection)
+        result["cold_load_ms"] = {
             "wall": round((time.perf_counter() - start) * 1000, 1),
             "cpu": round((time.process_time() - cpu) * 1000, 1),
         }

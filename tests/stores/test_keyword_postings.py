@@ -1,7 +1,8 @@
 """The SQLite store's keyword postings in memory rank and score exactly as FTS5's flat bm25.
 
 Large collections (store.POSTINGS_MIN_CHUNKS chunks) answer an unfiltered flat keyword search from each
-chunk's postings (table chunk_terms) loaded into memory. The threshold is lowered here so that the bundled
+chunk's postings (table chunk_terms) loaded into memory by a thread that the first search starts (FTS5
+answers until then). The threshold is lowered here so that the bundled
 SciFact sample takes that path; the reference is the same store's FTS5 query (both thresholds raised past
 the collection). Two stores on one file stand for two processes: the reader's postings must follow the
 writer's changes. The cases are test_keyword_pruning's, plus a title weight whose multiples are inexact.
@@ -81,6 +82,7 @@ def test_postings_rankings_equal_fts5s(
     pair: tuple[SqliteStore, SqliteStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reader, _ = pair
+    loaded(reader, monkeypatch)
     answered = Answered(monkeypatch)
     for query in all_queries():
         for top_k in (1, 10, 50, 2000):
@@ -101,15 +103,16 @@ def test_postings_follow_another_process_writes(
         monkeypatch.setattr(sqlite_postings, "MIN_DELTA_POSTINGS", 0)
         monkeypatch.setattr(sqlite_postings, "DELTA_SHARE", 0.0)
     loads: list[str] = []
-    load = SqliteStore._load_postings
+    load = SqliteStore._read_postings
 
     def counted(store: SqliteStore, collection_id: str) -> Any:
         loads.append(collection_id)
         return load(store, collection_id)
 
-    monkeypatch.setattr(SqliteStore, "_load_postings", counted)
+    monkeypatch.setattr(SqliteStore, "_read_postings", counted)
     corpus = read("corpus.jsonl")
     probe = [KeywordQuery.of(query_terms(q["text"])) for q in read("queries.jsonl")[:20]]
+    loaded(reader, monkeypatch)
     first = {id(q): search(reader, q, 10, monkeypatch, postings=True) for q in probe}
     answered = Answered(monkeypatch)
     for round_ in range(2):  # twice: an update of an updated version
@@ -136,11 +139,18 @@ def test_postings_follow_another_process_writes(
     assert answered.count >= 2 * len(probe) + 10
 
 
-def wait_for_fill(store: SqliteStore) -> None:
+def wait_for_load(store: SqliteStore) -> None:
+    """Until the loading thread that a search started is done."""
     deadline = time.monotonic() + 60
-    while store._filling and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not store._filling
+    while store._loading and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not store._loading
+
+
+def loaded(store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first search (FTS5 answers it and a thread loads the postings), then the load waited for."""
+    search(store, KeywordQuery({"cells": 1}), 10, monkeypatch, postings=True)
+    wait_for_load(store)
 
 
 def test_a_version_7_database_is_filled_while_fts5_answers(
@@ -171,12 +181,12 @@ def test_a_version_7_database_is_filled_while_fts5_answers(
     monkeypatch.setattr(sqlite_store, "FILL_BATCH_CHUNKS", 100)  # several transactions
     probe = [KeywordQuery.of(query_terms(q["text"])) for q in read("queries.jsonl")[:10]]
     store.get_collection("c")
-    for query in probe:  # FTS5 answers (the pruned path) while the postings are being filled
+    for query in probe:  # FTS5 answers while the postings are being filled
         expected = search(store, query, 10, monkeypatch, postings=False)
         assert_same(search(store, query, 10, monkeypatch, postings=True), expected)
     assert answered.count == 0
     started.set()
-    wait_for_fill(store)
+    wait_for_load(store)
     chunks = sqlite_store.sqlite_connection(store).execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
     assert fills == [chunks]
     for query in probe:
@@ -193,7 +203,7 @@ def test_a_version_7_database_is_filled_while_fts5_answers(
     expected = search(store, probe[0], 10, monkeypatch, postings=False)
     assert_same(search(store, probe[0], 10, monkeypatch, postings=True), expected)
     assert answered.count == before
-    wait_for_fill(store)
+    wait_for_load(store)
     assert fills[-1] == 1
     assert_same(search(store, probe[0], 10, monkeypatch, postings=True), expected)
     assert answered.count == before + 1

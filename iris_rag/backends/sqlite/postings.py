@@ -25,7 +25,9 @@ the delta or the dead rows grow past a share of the whole, the live postings are
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +42,8 @@ DELTA_SHARE = 0.125
 # Dead rows that make the next version rebuild: more than this share of the rows.
 DEAD_SHARE = 0.25
 
+# Counts (title or content) of a term in chunks.
+Counts = npt.NDArray[np.integer[Any]]
 # A chunk's row as read with its postings: rowid, chunk id, document id, blob.
 PostingRow = tuple[int, str, str, bytes]
 
@@ -60,23 +64,24 @@ class _Segment:
 
     indptr: npt.NDArray[np.int64]
     slots: npt.NDArray[np.int32]
-    title_tf: npt.NDArray[np.int32]
-    content_tf: npt.NDArray[np.int32]
+    title_tf: Counts  # uint16 where every count fits
+    content_tf: Counts
 
     @classmethod
     def build(
         cls, terms: npt.NDArray[np.int32], slots: npt.NDArray[np.int32], counts: npt.NDArray[np.int32]
     ) -> _Segment:
         """From parallel (term, slot, (title, content) counts) arrays in slot order."""
-        order = np.argsort(terms, kind="stable")  # stable: each term's postings stay in slot order
+        order = _stable_order(terms)  # each term's postings stay in slot order
         width = int(terms.max()) + 1 if terms.size else 0
         indptr = np.zeros(width + 1, dtype=np.int64)
         np.cumsum(np.bincount(terms, minlength=width), out=indptr[1:])
+        narrow = np.uint16 if counts.size == 0 or int(counts.max()) <= np.iinfo(np.uint16).max else np.int32
         return cls(
             indptr,
             np.ascontiguousarray(slots[order]),
-            np.ascontiguousarray(counts[order, 0]),
-            np.ascontiguousarray(counts[order, 1]),
+            counts[order, 0].astype(narrow),
+            counts[order, 1].astype(narrow),
         )
 
     @property
@@ -95,7 +100,18 @@ class _Segment:
     def triples(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """Every posting as (term, slot, counts) arrays, in term order."""
         terms = np.repeat(np.arange(self.indptr.size - 1, dtype=np.int32), np.diff(self.indptr))
-        return terms, self.slots, np.stack([self.title_tf, self.content_tf], axis=1)
+        return terms, self.slots, np.stack([self.title_tf, self.content_tf], axis=1).astype(np.int32)
+
+
+def _stable_order(terms: npt.NDArray[np.int32]) -> npt.NDArray[np.intp]:
+    """np.argsort(terms, kind="stable"), as radix sorts of 16-bit keys: the low half, then any high half.
+
+    NumPy's stable sort of int32 keys is a timsort, 3x slower on 7M postings than its radix sort of 16 bits.
+    """
+    if terms.size == 0 or int(terms.max()) <= np.iinfo(np.uint16).max:
+        return np.argsort(terms.astype(np.uint16), kind="stable")
+    order = np.argsort((terms & 0xFFFF).astype(np.uint16), kind="stable")
+    return order[np.argsort((terms[order] >> 16).astype(np.uint16), kind="stable")]
 
 
 _EMPTY = _Segment(
@@ -135,13 +151,25 @@ class KeywordPostings:
     delta: _Segment  # postings of the slots appended since `main` was built
 
     @classmethod
-    def load(cls, rows: list[PostingRow]) -> KeywordPostings:
-        """Postings of these chunk rows, in rowid order."""
-        terms, slots, counts, lengths = _parse(rows, 0)
+    def load(cls, batches: Iterable[list[PostingRow]]) -> KeywordPostings:
+        """Postings of these chunk rows, in rowid order; each batch parsed as it comes (blobs let go)."""
+        rowids: list[int] = []
+        chunk_ids: list[str] = []
+        document_ids: list[str] = []
+        parts = []
+        for rows in batches:
+            parts.append(_parse(rows, len(chunk_ids)))
+            rowids.extend(row[0] for row in rows)
+            chunk_ids.extend(row[1] for row in rows)
+            document_ids.extend(row[2] for row in rows)
+        parsed = _parse([], 0)
+        terms, slots, counts, lengths = (
+            np.concatenate([part[i] for part in [parsed, *parts]]) for i in range(4)
+        )
         return cls._made(
-            np.array([row[0] for row in rows], dtype=np.int64),
-            [row[1] for row in rows],
-            [row[2] for row in rows],
+            np.array(rowids, dtype=np.int64),
+            chunk_ids,
+            document_ids,
             lengths,
             _Segment.build(terms, slots, counts),
         )
@@ -233,9 +261,7 @@ class KeywordPostings:
             _Segment.build(terms[order], slots[order], counts[order]),
         )
 
-    def _postings(
-        self, term: int
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    def _postings(self, term: int) -> tuple[npt.NDArray[np.int32], Counts, Counts]:
         """The term's live postings: slots, title counts, content counts."""
         parts = []
         for segment in (self.main, self.delta):
@@ -293,8 +319,8 @@ class KeywordPostings:
     def _term_scores(
         self,
         slots: npt.NDArray[np.int32],
-        title: npt.NDArray[np.int32],
-        content: npt.NDArray[np.int32],
+        title: Counts,
+        content: Counts,
         title_weight: float,
         average: float,
     ) -> npt.NDArray[np.float64]:
@@ -308,9 +334,7 @@ class KeywordPostings:
         return idf * ((frequency * (K1 + 1.0)) / (frequency + K1 * (1 - B + B * length / average)))
 
 
-def _weighted_counts(
-    title: npt.NDArray[np.int32], content: npt.NDArray[np.int32], title_weight: float
-) -> npt.NDArray[np.float64]:
+def _weighted_counts(title: Counts, content: Counts, title_weight: float) -> npt.NDArray[np.float64]:
     """FTS5's phrase frequency in a row: the title weight once per title instance, then 1.0 per content one.
 
     When the weight has few significant bits (1.0, 2.5) every partial sum is exact and a product is the same

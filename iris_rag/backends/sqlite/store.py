@@ -162,9 +162,7 @@ MAX_DOCUMENTS_TO_UPDATE = 1000
 PRUNE_MIN_CHUNKS = 20_000
 # Chunks from which it is answered from the postings in memory (postings.KeywordPostings) once loaded.
 POSTINGS_MIN_CHUNKS = PRUNE_MIN_CHUNKS
-# Seconds before a collection found without every chunk's postings is looked at again (another process
-# may be filling them); chunks filled per write transaction.
-POSTINGS_RECHECK_SECONDS = 10.0
+# Chunks whose missing postings are filled per write transaction.
 FILL_BATCH_CHUNKS = 1000
 # Its first round scores the rows of the rarest terms: as many as match at most this share of the chunks.
 PRUNE_ESSENTIAL_SHARE = 0.05
@@ -355,7 +353,8 @@ class SqliteStore:
         self._write_lock = threading.RLock()
         self._indexes: VersionedCache[VectorMatrix] = VersionedCache()
         self._postings: VersionedCache[_PostingsState] = VersionedCache()
-        self._filling: set[str] = set()  # collections whose chunk postings a thread of this store fills
+        self._loading: set[str] = set()  # collections whose postings a thread of this store loads
+        self._postings_ready: dict[str, tuple[int, KeywordPostings]] = {}  # loaded: (version, postings)
         self._closings = 0  # close() calls so far: a fill started before one stops
         self._vector_rows_read = 0  # chunk rows read into matrices since opening (a whole load reads all)
         self._technique_indexes: list[TechniqueIndex] = []
@@ -846,6 +845,8 @@ class SqliteStore:
         """
         self._indexes.discard(collection_id)
         self._postings.discard(collection_id)
+        with self._connections_lock:
+            self._postings_ready.pop(collection_id, None)
 
     def _vector_index(self, collection_id: str) -> VectorMatrix:
         """The collection's matrix for its data version (one cheap query per call to check).
@@ -1068,23 +1069,92 @@ class SqliteStore:
         return phrases
 
     def _keyword_postings(self, collection_id: str) -> KeywordPostings | None:
-        """The collection's postings for its data version; None while some chunk has none (being filled).
+        """The collection's postings for its data version; None until a thread of this store has loaded them.
 
-        Loaded whole once; after a write (by any process), only the documents written since are read.
+        The first search starts that thread (load_keyword_postings: it fills the postings of chunks written
+        without them, then reads them all, seconds at 100K chunks) and FTS5 answers meanwhile. After a
+        write (by any process), a search reads only the documents written since.
         """
         version = self.data_version(collection_id)
-        state = self._postings.get(
+        return self._postings.get(
             collection_id,
             version,
-            lambda: self._load_postings(collection_id),
+            lambda: self._ready_postings(collection_id, version),
             lambda held, state: self._update_postings(collection_id, held, version, state),
-        )
-        if state.postings is None and time.monotonic() - state.checked_at > POSTINGS_RECHECK_SECONDS:
-            self._postings.discard(collection_id)  # the next search looks again: another process may fill
-        return state.postings
+        ).postings
 
-    def _load_postings(self, collection_id: str) -> _PostingsState:
-        """Every chunk's postings read, or none when a chunk lacks them (then a fill starts)."""
+    def _ready_postings(self, collection_id: str, version: int) -> _PostingsState:
+        """The postings a loading thread left, brought to `version`; else none, and that thread started."""
+        with self._connections_lock:
+            ready = self._postings_ready.pop(collection_id, None)
+        if ready is not None:
+            held, postings = ready
+            state = _PostingsState(postings)
+            updated = state if held >= version else self._update_postings(collection_id, held, version, state)
+            if updated is not None:
+                return updated
+        self._start_loading(collection_id)
+        return _PostingsState(None)
+
+    def _start_loading(self, collection_id: str) -> None:
+        """load_keyword_postings on a thread of its own (one at a time per collection and store)."""
+        with self._connections_lock:
+            if collection_id in self._loading:
+                return
+            self._loading.add(collection_id)
+            closings = self._closings
+
+        def stop() -> bool:
+            return self._closings != closings
+
+        def load() -> None:
+            loaded = False
+            try:
+                for _ in range(3):  # a chunk written meanwhile by an earlier version: fill it too
+                    loaded = self.load_keyword_postings(collection_id, stop) is not None
+                    if loaded or stop():
+                        break
+            except Exception:
+                if not stop():
+                    logger.warning("loading the keyword postings of %r failed", collection_id, exc_info=True)
+            finally:
+                with self._connections_lock:
+                    self._loading.discard(collection_id)
+            if loaded:
+                self._postings.discard(collection_id)  # the next search takes them (_ready_postings)
+
+        threading.Thread(target=load, name=f"keyword-postings-{collection_id}", daemon=True).start()
+
+    def load_keyword_postings(
+        self, collection_id: str, stop: Callable[[], bool] = lambda: False
+    ) -> KeywordPostings | None:
+        """Fill the collection's missing chunk postings, read them all and hand them to the next search.
+
+        None when stopped, or when a chunk still has none (written meanwhile by an earlier version).
+        """
+        filled = self.fill_keyword_terms(collection_id, stop)
+        if stop():
+            return None
+        version = self.data_version(collection_id)  # read first: the rows hold this version or newer
+        start = time.perf_counter()
+        postings = self._read_postings(collection_id)
+        if postings is None:
+            return None
+        with self._connections_lock:
+            self._postings_ready[collection_id] = (version, postings)
+        logger.info(
+            "loaded the keyword postings of %r in %.1f s: %d chunks (%d filled now), %d postings, %.1f MB",
+            collection_id,
+            time.perf_counter() - start,
+            postings.live_count,
+            filled,
+            postings.main.size,
+            postings.nbytes / 1e6,
+        )
+        return postings
+
+    def _read_postings(self, collection_id: str) -> KeywordPostings | None:
+        """Every chunk's postings, streamed; None when a chunk has none."""
         connection = self._connection()
         with _read_snapshot(connection):
             missing = connection.execute(
@@ -1093,24 +1163,15 @@ class SqliteStore:
                 (collection_id,),
             ).fetchone()
             if missing is not None:
-                self._start_fill(collection_id)
-                return _PostingsState(None, time.monotonic())
+                return None
             cursor = connection.cursor()
             cursor.row_factory = None
-            rows: list[PostingRow] = cursor.execute(
+            cursor.execute(
                 f"""SELECT k.rowid, k.chunk_id, k.document_id, t.postings {_POSTINGS_OF}
                     WHERE k.collection_id = ? ORDER BY k.rowid""",
                 (collection_id,),
-            ).fetchall()
-        postings = KeywordPostings.load(rows)
-        logger.info(
-            "loaded the keyword postings of %r: %d chunks, %d postings, %.1f MB",
-            collection_id,
-            postings.live_count,
-            postings.main.size,
-            postings.nbytes / 1e6,
-        )
-        return _PostingsState(postings, time.monotonic())
+            )
+            return KeywordPostings.load(iter(lambda: cursor.fetchmany(4096), []))
 
     def _update_postings(
         self, collection_id: str, held: int, version: int, state: _PostingsState
@@ -1137,31 +1198,9 @@ class SqliteStore:
                 ).fetchall()
             )
         if any(row[3] is None for row in rows):
-            return None  # written by an earlier version: reload (which starts a fill)
+            return None  # written by an earlier version: loaded again, on a thread (which fills it)
         rows.sort(key=lambda row: row[0])
-        return _PostingsState(state.postings.replaced(documents, rows), time.monotonic())
-
-    def _start_fill(self, collection_id: str) -> None:
-        """Fill the collection's missing chunk postings on a thread of its own (once at a time per store)."""
-        with self._connections_lock:
-            if collection_id in self._filling:
-                return
-            self._filling.add(collection_id)
-            closings = self._closings
-
-        def fill() -> None:
-            try:
-                filled = self.fill_keyword_terms(collection_id, lambda: self._closings != closings)
-                logger.info("filled the keyword postings of %d chunks of %r", filled, collection_id)
-            except Exception:
-                if self._closings == closings:
-                    logger.warning("filling the keyword postings of %r failed", collection_id, exc_info=True)
-            finally:
-                with self._connections_lock:
-                    self._filling.discard(collection_id)
-                self._postings.discard(collection_id)  # the next search loads them
-
-        threading.Thread(target=fill, name=f"keyword-postings-{collection_id}", daemon=True).start()
+        return _PostingsState(state.postings.replaced(documents, rows))
 
     def fill_keyword_terms(self, collection_id: str, stop: Callable[[], bool] = lambda: False) -> int:
         """Write the postings of the collection's chunks that have none; how many were written.
@@ -1588,10 +1627,9 @@ def _changed_documents(
 
 @dataclass(frozen=True)
 class _PostingsState:
-    """A collection's keyword postings as last looked at: None while some chunk has none."""
+    """A collection's keyword postings for a data version: None while a thread loads them."""
 
     postings: KeywordPostings | None
-    checked_at: float  # time.monotonic()
 
 
 # A collection's chunk rows with their postings.
