@@ -152,26 +152,40 @@ class KeywordPostings:
 
     @classmethod
     def load(cls, batches: Iterable[list[PostingRow]]) -> KeywordPostings:
-        """Postings of these chunk rows, in rowid order; each batch parsed as it comes (blobs let go)."""
+        """Postings of these chunk rows, in rowid order.
+
+        Each batch's blobs are copied into one growing array as they come: parsed batch by batch and
+        joined at the end, the parts stayed on the heap (about 150 MB more resident memory at 100K chunks).
+        """
         rowids: list[int] = []
         chunk_ids: list[str] = []
         document_ids: list[str] = []
-        parts = []
+        per_row: list[int] = []
+        triples = np.empty((0, POSTING_FIELDS), dtype=np.int32)
+        filled = 0
         for rows in batches:
-            parts.append(_parse(rows, len(chunk_ids)))
+            batch = _triples(b"".join(row[3] for row in rows))
+            if filled + batch.shape[0] > triples.shape[0]:  # grow by half at least (amortized copies)
+                grown = np.empty((max(filled + batch.shape[0], 3 * triples.shape[0] // 2), 3), dtype=np.int32)
+                grown[:filled] = triples[:filled]
+                triples = grown
+            triples[filled : filled + batch.shape[0]] = batch
+            filled += batch.shape[0]
+            per_row.extend(len(row[3]) // (4 * POSTING_FIELDS) for row in rows)
             rowids.extend(row[0] for row in rows)
             chunk_ids.extend(row[1] for row in rows)
             document_ids.extend(row[2] for row in rows)
-        parsed = _parse([], 0)
-        terms, slots, counts, lengths = (
-            np.concatenate([part[i] for part in [parsed, *parts]]) for i in range(4)
-        )
+        triples = triples[:filled]
+        slots = np.repeat(np.arange(len(per_row), dtype=np.int32), np.array(per_row, dtype=np.int64))
+        counts = triples[:, 1:]
+        tokens = counts.sum(axis=1, dtype=np.int64).astype(np.float64)
+        lengths = np.bincount(slots, weights=tokens, minlength=len(per_row)).astype(np.float64)
         return cls._made(
             np.array(rowids, dtype=np.int64),
             chunk_ids,
             document_ids,
             lengths,
-            _Segment.build(terms, slots, counts),
+            _Segment.build(np.ascontiguousarray(triples[:, 0]), slots, counts),
         )
 
     @classmethod
