@@ -149,8 +149,10 @@ def wait_for_load(store: SqliteStore) -> None:
 
 def loaded(store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A first search (FTS5 answers it and a thread loads the postings), then the load waited for."""
+    connections = len(store._connections)
     search(store, KeywordQuery({"cells": 1}), 10, monkeypatch, postings=True)
     wait_for_load(store)
+    assert len(store._connections) == connections  # the loading thread closed its own
 
 
 def test_a_version_7_database_is_filled_while_fts5_answers(

@@ -446,6 +446,17 @@ class SqliteStore:
                 self._connections.append(connection)
         return connection
 
+    def _close_thread_connection(self) -> None:
+        """Close the calling thread's connection (a thread that ends: the postings' loading thread)."""
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            return
+        self._local.connection = None
+        with self._connections_lock:
+            if connection in self._connections:
+                self._connections.remove(connection)
+        connection.close()
+
     def register_index(self, index: TechniqueIndex) -> None:
         """Keep a technique's index in step with every later upsert and delete."""
         with self._write_lock:
@@ -1118,6 +1129,7 @@ class SqliteStore:
                 if not stop():
                     logger.warning("loading the keyword postings of %r failed", collection_id, exc_info=True)
             finally:
+                self._close_thread_connection()
                 with self._connections_lock:
                     self._loading.discard(collection_id)
             if loaded:
