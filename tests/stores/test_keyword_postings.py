@@ -122,9 +122,9 @@ def test_postings_follow_another_process_writes(
                 writer.delete_document("c", hit.chunk_id.split("#")[0])
         writer.upsert_documents(
             "c",
-            [
-                document(d["_id"], d["title"], " ".join(probe[i].terms) * 3)
-                for i, d in enumerate(corpus[10 * round_ : 10 * round_ + 5])
+            [  # the same documents each round: a document rewritten twice
+                document(d["_id"], d["title"], " ".join(probe[i + 10 * round_].terms) * 3)
+                for i, d in enumerate(corpus[:5])
             ]
             + [document(f"new{round_}-{i}", "", " ".join(q.terms)) for i, q in enumerate(probe[5:10])],
         )

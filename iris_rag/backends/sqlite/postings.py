@@ -114,6 +114,7 @@ def _stable_order(terms: npt.NDArray[np.int32]) -> npt.NDArray[np.intp]:
     return order[np.argsort((terms[order] >> 16).astype(np.uint16), kind="stable")]
 
 
+_NO_SLOTS: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
 _EMPTY = _Segment(
     np.zeros(1, dtype=np.int64),
     np.zeros(0, dtype=np.int32),
@@ -141,10 +142,12 @@ class KeywordPostings:
 
     rowids: npt.NDArray[np.int64]  # by slot: the chunk's rowid (FTS5's tie order)
     chunk_ids: list[str]  # by slot, dead slots included
-    document_ids: list[str]  # by slot
+    document_codes: npt.NDArray[np.int32]  # by slot: the code of the chunk's document
+    # Document id -> code. Shared by the versions made from one load, only ever added to (under the
+    # cache's build lock): a version finds its documents' slots among its own codes.
+    codes: dict[str, int]
     lengths: npt.NDArray[np.float64]  # by slot: tokens in title and content (FTS5's D)
     live: npt.NDArray[np.bool_]  # by slot
-    rows_of_document: dict[str, list[int]]  # live slots only
     live_count: int
     total_tokens: int  # over live slots
     main: _Segment
@@ -159,7 +162,8 @@ class KeywordPostings:
         """
         rowids: list[int] = []
         chunk_ids: list[str] = []
-        document_ids: list[str] = []
+        codes: dict[str, int] = {}
+        document_codes: list[int] = []
         per_row: list[int] = []
         triples = np.empty((0, POSTING_FIELDS), dtype=np.int32)
         filled = 0
@@ -174,7 +178,7 @@ class KeywordPostings:
             per_row.extend(len(row[3]) // (4 * POSTING_FIELDS) for row in rows)
             rowids.extend(row[0] for row in rows)
             chunk_ids.extend(row[1] for row in rows)
-            document_ids.extend(row[2] for row in rows)
+            document_codes.extend(codes.setdefault(row[2], len(codes)) for row in rows)
         triples = triples[:filled]
         slots = np.repeat(np.arange(len(per_row), dtype=np.int32), np.array(per_row, dtype=np.int64))
         counts = triples[:, 1:]
@@ -183,7 +187,8 @@ class KeywordPostings:
         return cls._made(
             np.array(rowids, dtype=np.int64),
             chunk_ids,
-            document_ids,
+            np.array(document_codes, dtype=np.int32),
+            codes,
             lengths,
             _Segment.build(np.ascontiguousarray(triples[:, 0]), slots, counts),
         )
@@ -193,20 +198,18 @@ class KeywordPostings:
         cls,
         rowids: npt.NDArray[np.int64],
         chunk_ids: list[str],
-        document_ids: list[str],
+        document_codes: npt.NDArray[np.int32],
+        codes: dict[str, int],
         lengths: npt.NDArray[np.float64],
         main: _Segment,
     ) -> KeywordPostings:
-        rows_of_document: dict[str, list[int]] = {}
-        for slot, document_id in enumerate(document_ids):
-            rows_of_document.setdefault(document_id, []).append(slot)
         return cls(
             rowids,
             chunk_ids,
-            document_ids,
+            document_codes,
+            codes,
             lengths,
             np.ones(len(chunk_ids), dtype=bool),
-            rows_of_document,
             len(chunk_ids),
             int(lengths.sum()),
             main,
@@ -216,21 +219,18 @@ class KeywordPostings:
     @property
     def nbytes(self) -> int:
         """The memory of the arrays (ids and lookups not counted)."""
-        arrays = self.rowids.nbytes + self.lengths.nbytes + self.live.nbytes
+        arrays = self.rowids.nbytes + self.document_codes.nbytes + self.lengths.nbytes + self.live.nbytes
         return int(arrays + self.main.nbytes + self.delta.nbytes)
 
     def replaced(self, documents: set[str], rows: list[PostingRow]) -> KeywordPostings:
         """A new version: the documents' rows dead, their rows now appended; this one left as it was."""
-        dying = [slot for document_id in documents for slot in self.rows_of_document.get(document_id, ())]
+        wanted = [self.codes[document_id] for document_id in documents if document_id in self.codes]
+        dying = np.flatnonzero(np.isin(self.document_codes, wanted) & self.live) if wanted else _NO_SLOTS
         live = np.concatenate([self.live, np.ones(len(rows), dtype=bool)])
         live[dying] = False
         start = len(self.chunk_ids)
         terms, slots, counts, lengths = _parse(rows, start)
-        rows_of_document = dict(self.rows_of_document)
-        for document_id in documents:
-            rows_of_document.pop(document_id, None)
-        for slot, row in enumerate(rows, start):
-            rows_of_document.setdefault(row[2], []).append(slot)
+        added_codes = [self.codes.setdefault(row[2], len(self.codes)) for row in rows]
         old_terms, old_slots, old_counts = self.delta.triples()
         order = np.argsort(np.concatenate([old_slots, slots]), kind="stable")  # slot order, as build wants
         delta = _Segment.build(
@@ -241,11 +241,11 @@ class KeywordPostings:
         made = KeywordPostings(
             np.concatenate([self.rowids, np.array([row[0] for row in rows], dtype=np.int64)]),
             self.chunk_ids + [row[1] for row in rows],
-            self.document_ids + [row[2] for row in rows],
+            np.concatenate([self.document_codes, np.array(added_codes, dtype=np.int32)]),
+            self.codes,
             np.concatenate([self.lengths, lengths]),
             live,
-            rows_of_document,
-            self.live_count - len(dying) + len(rows),
+            self.live_count - int(dying.size) + len(rows),
             self.total_tokens - int(self.lengths[dying].sum()) + int(lengths.sum()),
             self.main,
             delta,
@@ -270,7 +270,8 @@ class KeywordPostings:
         return KeywordPostings._made(
             self.rowids[kept],
             [self.chunk_ids[slot] for slot in kept],
-            [self.document_ids[slot] for slot in kept],
+            self.document_codes[kept],
+            self.codes,
             self.lengths[kept],
             _Segment.build(terms[order], slots[order], counts[order]),
         )
