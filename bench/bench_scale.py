@@ -458,9 +458,13 @@ def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
         rank = np.argsort(np.argsort(to_centroid)) / to_centroid.size
         variants: dict[str, list[tuple[float, int]]] = {}
         above: list[int] = []
+        ranks: list[list[int]] = []  # per query: the centroid-score rank (0: best) of each neighbour's list
         for vector, expected in zip(vectors, truth, strict=True):
             centroid = inverted.centroids @ vector
             order = np.argsort(-centroid)
+            rank_of = np.empty(lists, dtype=np.intp)
+            rank_of[order] = np.arange(lists)
+            ranks.append(sorted(int(rank_of[assignment[matrix.row_of[chunk]]]) for chunk in expected))
             probed = np.concatenate([members[j] for j in order[:probes]])
             kth = np.sort(rows[probed] @ vector)[-10]
             rest = order[probes:]
@@ -492,6 +496,9 @@ def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
                 round(float(np.degrees(x)), 1) for x in (theta.min(), np.median(theta), theta.max())
             ],
             "unprobed_lists_bound_above_kth_median": int(np.median(above)),
+            "neighbour_list_ranks_of_the_worst_queries": sorted(
+                ranks, key=lambda r: -sum(x >= probes for x in r)
+            )[:3],
             "variants": {
                 name: {
                     "recall_at_10_mean": round(float(np.mean([r for r, _ in values])), 4),
