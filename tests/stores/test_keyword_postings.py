@@ -136,6 +136,9 @@ def test_postings_follow_another_process_writes(
             changed += got != first[id(query)]
         assert changed >= 10  # the writes moved the rankings the reader now returns
     assert loads == ["c"]  # loaded once, then updated from the change log
+    stats = reader.stats()
+    assert stats["keyword_postings_loaded"] == {"c": stats["chunks"]}
+    assert int(stats["keyword_postings_memory_bytes"]) > 0
     assert answered.count >= 2 * len(probe) + 10
 
 

@@ -1546,6 +1546,11 @@ class SqliteStore:
         # The matrices already loaded; never waits for one being loaded.
         indexes = self._indexes.snapshot()
         loaded = {cid: index.live_count for cid, index in indexes.items()}
+        postings = {
+            cid: state.postings
+            for cid, state in self._postings.snapshot().items()
+            if state.postings is not None
+        }
         vector_bytes = sum(index.nbytes for index in indexes.values())
         return {
             "backend": self.backend_name,
@@ -1556,6 +1561,9 @@ class SqliteStore:
             "chunks": counts["chunks"],
             "vector_indexes_loaded": loaded,
             "vector_memory_bytes": vector_bytes,
+            # The keyword postings held for searches (postings.KeywordPostings; none while loading).
+            "keyword_postings_loaded": {cid: p.live_count for cid, p in postings.items()},
+            "keyword_postings_memory_bytes": sum(p.nbytes for p in postings.values()),
             "vector_rows_read": self._vector_rows_read,
             "technique_indexes": {index.name: index.stats() for index in self._technique_indexes},
         }
