@@ -19,6 +19,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from iris_rag.backends.sqlite import postings as sqlite_postings
@@ -221,3 +222,20 @@ def test_deleted_chunks_take_their_postings(pair: tuple[SqliteStore, SqliteStore
     writer.delete_document("c", read("corpus.jsonl")[0]["_id"])
     writer.delete_collection("c")
     assert connection.execute("SELECT COUNT(*) FROM chunk_terms").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("title_weight", [1.0, 2.5, 0.5, 1.3, 0.7, 2.2, 0.1, 3.7])
+def test_weighted_counts_add_as_fts5_adds(title_weight: float) -> None:
+    """The title weight once per title instance, then 1.0 per content one, in doubles as FTS5 sums them."""
+    rng = np.random.default_rng(7)
+    title = rng.integers(0, 9, 500).astype(np.uint16)
+    content = rng.integers(0, 40, 500).astype(np.uint16)
+    expected = []
+    for t, c in zip(title.tolist(), content.tolist(), strict=True):
+        frequency = 0.0
+        for _ in range(t):
+            frequency += title_weight
+        for _ in range(c):
+            frequency += 1.0
+        expected.append(frequency)
+    assert sqlite_postings._weighted_counts(title, content, title_weight).tolist() == expected
