@@ -467,6 +467,11 @@ def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
         theta = np.arccos(np.clip(widest, -1.0, 1.0))
         probes = max(8, round(lists * 0.1))
         rank = np.argsort(np.argsort(to_centroid)) / to_centroid.size
+        second = np.empty(matrix.size, dtype=np.intp)  # each row's second-nearest list (a "spill")
+        for start in range(0, matrix.size, 16_384):
+            second[start : start + 16_384] = np.argsort(
+                -(rows[start : start + 16_384] @ inverted.centroids.T), axis=1
+            )[:, 1]
         variants: dict[str, list[tuple[float, int]]] = {}
         above: list[int] = []
         ranks: list[list[int]] = []  # per query: the centroid-score rank (0: best) of each neighbour's list
@@ -482,6 +487,8 @@ def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
             bound = np.cos(np.maximum(0.0, np.arccos(np.clip(centroid[rest], -1, 1)) - theta[rest]))
             above.append(int((bound > kth).sum()))
             by_bound = rest[np.argsort(-bound, kind="stable")]
+            wanted = np.zeros(lists, dtype=bool)
+            wanted[order[:probes]] = True
             candidates = {
                 "probe_share_0.1": probed,
                 **{
@@ -495,6 +502,7 @@ def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
                     f"plus_outlier_list_{share}": np.union1d(probed, np.flatnonzero(rank < share))
                     for share in (0.02, 0.1)
                 },
+                "rows_also_in_their_second_list": np.flatnonzero(wanted[assignment] | wanted[second]),
             }
             for name, scored in candidates.items():
                 top = scored[np.argsort(-(rows[scored] @ vector))[:10]]
