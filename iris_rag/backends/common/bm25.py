@@ -49,6 +49,26 @@ def tokenize(texts: list[str]) -> list[list[str]]:
     return [[term for _, term in sorted(tokens)] for tokens in found]
 
 
+def token_counts(texts: list[str]) -> list[Counter[str]]:
+    """Each text's stemmed tokens with their counts, as FTS5 `porter unicode61` indexes them.
+
+    tokenize() without the order: the in-memory index's instances counted as they come, no sort (the
+    SQLite store writes each chunk's counts with its keyword rows, and fills them for older collections).
+    """
+    found: list[Counter[str]] = [Counter() for _ in texts]
+    if not texts:
+        return found
+    connection = _tokenizer()
+    connection.execute("BEGIN")
+    try:
+        connection.executemany("INSERT INTO t (rowid, x) VALUES (?, ?)", enumerate(texts))
+        for term, row in connection.execute("SELECT term, doc FROM v"):
+            found[row][term] += 1
+    finally:
+        connection.execute("ROLLBACK")
+    return found
+
+
 def tokens(text: str) -> list[str]:
     """The stemmed tokens of one text, in order."""
     return tokenize([text])[0]

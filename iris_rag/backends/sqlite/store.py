@@ -7,8 +7,11 @@ import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -17,8 +20,9 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from iris_rag.backends.common.bm25 import K1, tokenize
+from iris_rag.backends.common.bm25 import K1, token_counts, tokenize
 from iris_rag.backends.sqlite.filters import json_path, register_functions, to_sql
+from iris_rag.backends.sqlite.postings import KeywordPostings, PostingRow, encode
 from iris_rag.backends.sqlite.vectors import Batch, VectorMatrix
 from iris_rag.cancellation import check_cancelled
 from iris_rag.stores.base import (
@@ -43,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -106,7 +110,24 @@ CREATE TABLE IF NOT EXISTS collection_changes (
     document_id   TEXT NOT NULL,
     PRIMARY KEY (collection_id, version, document_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS keyword_terms (
+    id   INTEGER PRIMARY KEY,
+    term TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS chunk_terms (
+    chunk_rowid INTEGER PRIMARY KEY,
+    postings    BLOB NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS chunk_terms_delete AFTER DELETE ON chunks BEGIN
+    DELETE FROM chunk_terms WHERE chunk_rowid = OLD.rowid;
+END;
 """
+# Version 8: each chunk's keyword postings (chunk_terms: term ids from keyword_terms with the term's title and
+# content counts, postings.encode), written in the transaction that writes its FTS5 rows, tokenized by FTS5's
+# own tokenizer (bm25.token_counts); a large collection's flat keyword search reads them into memory
+# (postings.KeywordPostings) instead of asking FTS5. The trigger drops a chunk's row with the chunk, whichever
+# code deletes it; chunks written without one (before version 8, or by an earlier version since) are filled
+# in the background (SqliteStore.fill_keyword_terms) while FTS5 answers.
 
 # The data version of a collection: bumped by the database itself, in the writing transaction, whenever a
 # document row of the collection is inserted, replaced or deleted, by any process. Chunks, keyword rows and
@@ -139,6 +160,10 @@ MAX_DOCUMENTS_TO_UPDATE = 1000
 
 # Chunks from which an unfiltered flat keyword search is pruned (MaxScore over FTS5, _pruned_flat_search).
 PRUNE_MIN_CHUNKS = 20_000
+# Chunks from which it is answered from the postings in memory (postings.KeywordPostings) once loaded.
+POSTINGS_MIN_CHUNKS = PRUNE_MIN_CHUNKS
+# Chunks whose missing postings are filled per write transaction.
+FILL_BATCH_CHUNKS = 1000
 # Its first round scores the rows of the rarest terms: as many as match at most this share of the chunks.
 PRUNE_ESSENTIAL_SHARE = 0.05
 # Added to every bound: FTS5 sums its per-term float terms in an order of its own.
@@ -327,6 +352,10 @@ class SqliteStore:
         # Re-entrant: opening the store holds it while migrations open write transactions of their own.
         self._write_lock = threading.RLock()
         self._indexes: VersionedCache[VectorMatrix] = VersionedCache()
+        self._postings: VersionedCache[_PostingsState] = VersionedCache()
+        self._loading: set[str] = set()  # collections whose postings a thread of this store loads
+        self._postings_ready: dict[str, tuple[int, KeywordPostings]] = {}  # loaded: (version, postings)
+        self._closings = 0  # close() calls so far: a fill started before one stops
         self._vector_rows_read = 0  # chunk rows read into matrices since opening (a whole load reads all)
         self._technique_indexes: list[TechniqueIndex] = []
         self._technique_storage: dict[type[Any], object] = {}
@@ -417,6 +446,17 @@ class SqliteStore:
                 self._connections.append(connection)
         return connection
 
+    def _close_thread_connection(self) -> None:
+        """Close the calling thread's connection (a thread that ends: the postings' loading thread)."""
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            return
+        self._local.connection = None
+        with self._connections_lock:
+            if connection in self._connections:
+                self._connections.remove(connection)
+        connection.close()
+
     def register_index(self, index: TechniqueIndex) -> None:
         """Keep a technique's index in step with every later upsert and delete."""
         with self._write_lock:
@@ -480,6 +520,7 @@ class SqliteStore:
     def close(self) -> None:
         """Close every thread's connection."""
         with self._connections_lock:
+            self._closings += 1
             for connection in self._connections:
                 connection.close()
             self._connections.clear()
@@ -557,8 +598,14 @@ class SqliteStore:
         """
         now = _now()
         written = 0
+        # Tokenized before the write lock is taken; term ids are given inside the transaction.
+        counted = _term_counts(
+            [document.title for document in documents for _ in document.chunks],
+            [chunk.content for document in documents for chunk in document.chunks],
+        )
         try:
             with self.write_transaction() as connection:
+                blobs = iter(_postings_blobs(connection, counted))
                 if new_collection is not None:
                     model, dimension = new_collection.embedding_model, new_collection.dimension
                     self._insert_collection(connection, collection_id, model, dimension)
@@ -582,7 +629,7 @@ class SqliteStore:
                         ),
                     )
                     for chunk in document.chunks:
-                        self._insert_chunk(connection, collection_id, document, chunk)
+                        self._insert_chunk(connection, collection_id, document, chunk, next(blobs))
                     written += len(document.chunks)
                 for index in self._technique_indexes:
                     if prepared is not None and index.name in prepared:
@@ -597,7 +644,12 @@ class SqliteStore:
         return written
 
     def _insert_chunk(
-        self, connection: sqlite3.Connection, collection_id: str, document: DocumentInput, chunk: ChunkInput
+        self,
+        connection: sqlite3.Connection,
+        collection_id: str,
+        document: DocumentInput,
+        chunk: ChunkInput,
+        postings: bytes,
     ) -> None:
         cursor = connection.execute(
             """INSERT INTO chunks (collection_id, document_id, chunk_id, chunk_index, content,
@@ -627,6 +679,8 @@ class SqliteStore:
             f"INSERT INTO {content_fts_table(collection_id)} (rowid, content) VALUES (?, ?)",
             (cursor.lastrowid, chunk.content),
         )
+        # OR REPLACE: a row an earlier version left behind (it deleted chunks without the trigger) goes.
+        connection.execute("INSERT OR REPLACE INTO chunk_terms VALUES (?, ?)", (cursor.lastrowid, postings))
 
     def _delete_document_rows(
         self, connection: sqlite3.Connection, collection_id: str, document_id: str
@@ -801,6 +855,9 @@ class SqliteStore:
         date. After a write of this process's own the matrix is kept: the next search updates it in place.
         """
         self._indexes.discard(collection_id)
+        self._postings.discard(collection_id)
+        with self._connections_lock:
+            self._postings_ready.pop(collection_id, None)
 
     def _vector_index(self, collection_id: str) -> VectorMatrix:
         """The collection's matrix for its data version (one cheap query per call to check).
@@ -838,15 +895,9 @@ class SqliteStore:
         rows are newer data, as good) and their chunk rows now: a document since deleted has none.
         """
         connection = self._connection()
-        changes = connection.execute(
-            "SELECT version, document_id FROM collection_changes WHERE collection_id = ? AND version > ?",
-            (collection_id, held),
-        ).fetchall()
-        if len({row[0] for row in changes if row[0] <= version}) != version - held:
-            return None  # pruned, or moved on by a process of an earlier schema: reload
-        documents = {row[1] for row in changes}
-        if len(documents) > max(MAX_DOCUMENTS_TO_UPDATE, matrix.live_count // 4):
-            return None  # most of it changed: one sequential read is cheaper
+        documents = _changed_documents(connection, collection_id, held, version, matrix.live_count)
+        if documents is None:
+            return None
         batches: list[Batch] = []
         ordered = sorted(documents)
         for start in range(0, len(ordered), 500):
@@ -956,7 +1007,12 @@ class SqliteStore:
         if query.scoring == "multifield":
             return self._multifield_search(collection_id, match, top_k, metadata_filter, title_weight)
         table = fts_table(collection_id)
-        if metadata_filter is None and self._chunks_at_most(collection_id) >= PRUNE_MIN_CHUNKS:
+        chunks = self._chunks_at_most(collection_id) if metadata_filter is None else 0
+        if chunks >= POSTINGS_MIN_CHUNKS and metadata_filter is None:
+            found = self._postings_search(collection_id, query, top_k)
+            if found is not None:
+                return found
+        if chunks >= PRUNE_MIN_CHUNKS and metadata_filter is None:
             return self._pruned_flat_search(collection_id, query, top_k)
         if metadata_filter is None:
             # Rank inside FTS5 first and look up only the top k chunk ids: joining every match to its
@@ -979,6 +1035,211 @@ class SqliteStore:
         rows = self._connection().execute(sql, arguments).fetchall()
         # FTS5's bm25() is negated so that ascending order is best first.
         return [ScoredChunk(row["chunk_id"], -float(row["rank"])) for row in rows]
+
+    def _postings_search(
+        self, collection_id: str, query: KeywordQuery, top_k: int
+    ) -> list[ScoredChunk] | None:
+        """The flat BM25 top_k from the postings in memory; None when FTS5 must answer.
+
+        FTS5 answers while the collection's postings are not loaded (some chunk has none yet: they are
+        being filled) and for a query with a term FTS5 reads as several tokens or none (a phrase).
+        """
+        postings = self._keyword_postings(collection_id)
+        if postings is None:
+            return None
+        phrases = self._query_phrases(query)
+        if phrases is None:
+            return None
+        scored = postings.score(phrases, query.title_weight, top_k)
+        if scored is None:
+            return None
+        return [ScoredChunk(chunk, score) for chunk, score in scored]
+
+    def _query_phrases(self, query: KeywordQuery) -> list[int | None] | None:
+        """match_expression's phrases, in order, as the term id of each one's one token (None: unknown term).
+
+        None when a phrase has several tokens or none.
+        """
+        texts = [term.replace('"', "") for term in query.terms]
+        weights = list(query.terms.values())
+        found = tokenize(texts)
+        if any(len(tokens) != 1 for text, tokens in zip(texts, found, strict=True) if text):
+            return None
+        stems = sorted({tokens[0] for tokens in found if tokens})
+        ids: dict[str, int] = {}
+        for start in range(0, len(stems), 500):
+            batch = stems[start : start + 500]
+            rows = self._connection().execute(
+                f"SELECT term, id FROM keyword_terms WHERE term IN ({','.join('?' * len(batch))})", batch
+            )
+            ids.update({row[0]: row[1] for row in rows})
+        phrases: list[int | None] = []
+        for text, weight, tokens in zip(texts, weights, found, strict=True):
+            if text:
+                phrases.extend([ids.get(tokens[0])] * weight)
+        return phrases
+
+    def _keyword_postings(self, collection_id: str) -> KeywordPostings | None:
+        """The collection's postings for its data version; None until a thread of this store has loaded them.
+
+        The first search starts that thread (load_keyword_postings: it fills the postings of chunks written
+        without them, then reads them all, seconds at 100K chunks) and FTS5 answers meanwhile. After a
+        write (by any process), a search reads only the documents written since.
+        """
+        version = self.data_version(collection_id)
+        return self._postings.get(
+            collection_id,
+            version,
+            lambda: self._ready_postings(collection_id, version),
+            lambda held, state: self._update_postings(collection_id, held, version, state),
+        ).postings
+
+    def _ready_postings(self, collection_id: str, version: int) -> _PostingsState:
+        """The postings a loading thread left, brought to `version`; else none, and that thread started."""
+        with self._connections_lock:
+            ready = self._postings_ready.pop(collection_id, None)
+        if ready is not None:
+            held, postings = ready
+            state = _PostingsState(postings)
+            updated = state if held >= version else self._update_postings(collection_id, held, version, state)
+            if updated is not None:
+                return updated
+        self._start_loading(collection_id)
+        return _PostingsState(None)
+
+    def _start_loading(self, collection_id: str) -> None:
+        """load_keyword_postings on a thread of its own (one at a time per collection and store)."""
+        with self._connections_lock:
+            if collection_id in self._loading:
+                return
+            self._loading.add(collection_id)
+            closings = self._closings
+
+        def stop() -> bool:
+            return self._closings != closings
+
+        def load() -> None:
+            loaded = False
+            try:
+                for _ in range(3):  # a chunk written meanwhile by an earlier version: fill it too
+                    loaded = self.load_keyword_postings(collection_id, stop) is not None
+                    if loaded or stop():
+                        break
+            except Exception:
+                if not stop():
+                    logger.warning("loading the keyword postings of %r failed", collection_id, exc_info=True)
+            finally:
+                self._close_thread_connection()
+                with self._connections_lock:
+                    self._loading.discard(collection_id)
+            if loaded:
+                self._postings.discard(collection_id)  # the next search takes them (_ready_postings)
+
+        threading.Thread(target=load, name=f"keyword-postings-{collection_id}", daemon=True).start()
+
+    def load_keyword_postings(
+        self, collection_id: str, stop: Callable[[], bool] = lambda: False
+    ) -> KeywordPostings | None:
+        """Fill the collection's missing chunk postings, read them all and hand them to the next search.
+
+        None when stopped, or when a chunk still has none (written meanwhile by an earlier version).
+        """
+        filled = self.fill_keyword_terms(collection_id, stop)
+        if stop():
+            return None
+        version = self.data_version(collection_id)  # read first: the rows hold this version or newer
+        start = time.perf_counter()
+        postings = self._read_postings(collection_id)
+        if postings is None:
+            return None
+        with self._connections_lock:
+            self._postings_ready[collection_id] = (version, postings)
+        logger.info(
+            "loaded the keyword postings of %r in %.1f s: %d chunks (%d filled now), %d postings, %.1f MB",
+            collection_id,
+            time.perf_counter() - start,
+            postings.live_count,
+            filled,
+            postings.main.size,
+            postings.nbytes / 1e6,
+        )
+        return postings
+
+    def _read_postings(self, collection_id: str) -> KeywordPostings | None:
+        """Every chunk's postings, streamed; None when a chunk has none."""
+        connection = self._connection()
+        with _read_snapshot(connection):
+            missing = connection.execute(
+                """SELECT 1 FROM chunks k WHERE k.collection_id = ?
+                   AND NOT EXISTS (SELECT 1 FROM chunk_terms t WHERE t.chunk_rowid = k.rowid) LIMIT 1""",
+                (collection_id,),
+            ).fetchone()
+            if missing is not None:
+                return None
+            cursor = connection.cursor()
+            cursor.row_factory = None
+            cursor.execute(
+                f"""SELECT k.rowid, k.chunk_id, k.document_id, t.postings {_POSTINGS_OF}
+                    WHERE k.collection_id = ? ORDER BY k.rowid""",
+                (collection_id,),
+            )
+            return KeywordPostings.load(iter(lambda: cursor.fetchmany(4096), []))
+
+    def _update_postings(
+        self, collection_id: str, held: int, version: int, state: _PostingsState
+    ) -> _PostingsState | None:
+        """The postings of version `held` brought to `version` or newer (as _update_vectors); None: reload."""
+        if state.postings is None:
+            return None
+        connection = self._connection()
+        documents = _changed_documents(connection, collection_id, held, version, state.postings.live_count)
+        if documents is None:
+            return None
+        rows: list[PostingRow] = []
+        ordered = sorted(documents)
+        cursor = connection.cursor()
+        cursor.row_factory = None
+        for start in range(0, len(ordered), 500):
+            batch = ordered[start : start + 500]
+            rows.extend(
+                cursor.execute(
+                    f"""SELECT k.rowid, k.chunk_id, k.document_id, t.postings {_POSTINGS_OF}
+                        WHERE k.collection_id = ? AND k.document_id IN ({",".join("?" * len(batch))})
+                        ORDER BY k.rowid""",
+                    (collection_id, *batch),
+                ).fetchall()
+            )
+        if any(row[3] is None for row in rows):
+            return None  # written by an earlier version: loaded again, on a thread (which fills it)
+        rows.sort(key=lambda row: row[0])
+        return _PostingsState(state.postings.replaced(documents, rows))
+
+    def fill_keyword_terms(self, collection_id: str, stop: Callable[[], bool] = lambda: False) -> int:
+        """Write the postings of the collection's chunks that have none; how many were written.
+
+        Chunks written before schema version 8 (or by an earlier version since) have none. Batches of
+        FILL_BATCH_CHUNKS chunks, in rowid order, each read, tokenized and written in one write transaction,
+        so no write lands between a chunk's read and its postings. `stop`: asked before each batch.
+        """
+        filled, after = 0, 0
+        while not stop():
+            with self.write_transaction() as connection:
+                rows = connection.execute(
+                    f"""SELECT k.rowid, d.title, k.content {_ROWS_OF} AND k.rowid > ?
+                        AND NOT EXISTS (SELECT 1 FROM chunk_terms t WHERE t.chunk_rowid = k.rowid)
+                        ORDER BY k.rowid LIMIT ?""",
+                    (collection_id, after, FILL_BATCH_CHUNKS),
+                ).fetchall()
+                if not rows:
+                    break
+                counted = _term_counts([row[1] for row in rows], [row[2] for row in rows])
+                connection.executemany(
+                    "INSERT INTO chunk_terms VALUES (?, ?)",
+                    zip([row[0] for row in rows], _postings_blobs(connection, counted), strict=True),
+                )
+            filled += len(rows)
+            after = int(rows[-1][0])
+        return filled
 
     def _chunks_at_most(self, collection_id: str) -> int:
         """The collection's chunks (counted for its data version by get_collection), or a bound above them."""
@@ -1285,6 +1546,11 @@ class SqliteStore:
         # The matrices already loaded; never waits for one being loaded.
         indexes = self._indexes.snapshot()
         loaded = {cid: index.live_count for cid, index in indexes.items()}
+        postings = {
+            cid: state.postings
+            for cid, state in self._postings.snapshot().items()
+            if state.postings is not None
+        }
         vector_bytes = sum(index.nbytes for index in indexes.values())
         return {
             "backend": self.backend_name,
@@ -1295,6 +1561,9 @@ class SqliteStore:
             "chunks": counts["chunks"],
             "vector_indexes_loaded": loaded,
             "vector_memory_bytes": vector_bytes,
+            # The keyword postings held for searches (postings.KeywordPostings; none while loading).
+            "keyword_postings_loaded": {cid: p.live_count for cid, p in postings.items()},
+            "keyword_postings_memory_bytes": sum(p.nbytes for p in postings.values()),
             "vector_rows_read": self._vector_rows_read,
             "technique_indexes": {index.name: index.stats() for index in self._technique_indexes},
         }
@@ -1354,6 +1623,78 @@ def _prune_changes(connection: sqlite3.Connection, collection_id: str) -> None:
            (SELECT version FROM collection_versions WHERE collection_id = ?) - ?""",
         (collection_id, collection_id, CHANGE_LOG_VERSIONS),
     )
+
+
+def _changed_documents(
+    connection: sqlite3.Connection, collection_id: str, held: int, version: int, live_chunks: int
+) -> set[str] | None:
+    """The documents changed after version `held`, through `version` at least; None when a reload is due.
+
+    None when the log lacks a version (pruned, or moved on by a process of an earlier schema) or when more
+    documents changed than is worth updating (one sequential read is cheaper).
+    """
+    changes = connection.execute(
+        "SELECT version, document_id FROM collection_changes WHERE collection_id = ? AND version > ?",
+        (collection_id, held),
+    ).fetchall()
+    if len({row[0] for row in changes if row[0] <= version}) != version - held:
+        return None
+    documents = {row[1] for row in changes}
+    if len(documents) > max(MAX_DOCUMENTS_TO_UPDATE, live_chunks // 4):
+        return None
+    return documents
+
+
+@dataclass(frozen=True)
+class _PostingsState:
+    """A collection's keyword postings for a data version: None while a thread loads them."""
+
+    postings: KeywordPostings | None
+
+
+# A collection's chunk rows with their postings.
+_POSTINGS_OF = "FROM chunks k LEFT JOIN chunk_terms t ON t.chunk_rowid = k.rowid"
+
+
+def _term_counts(titles: list[str], contents: list[str]) -> list[tuple[Counter[str], Counter[str]]]:
+    """Each chunk's (title, content) token counts; each distinct title is tokenized once."""
+    distinct = list(dict.fromkeys(titles))
+    of_title = dict(zip(distinct, token_counts(distinct), strict=True))
+    return list(zip([of_title[title] for title in titles], token_counts(contents), strict=True))
+
+
+def _term_ids(connection: sqlite3.Connection, terms: set[str]) -> dict[str, int]:
+    """The ids of these terms in keyword_terms, the new ones added (in the caller's write transaction)."""
+    ids: dict[str, int] = {}
+
+    def look_up(wanted: list[str]) -> None:
+        for start in range(0, len(wanted), 500):
+            batch = wanted[start : start + 500]
+            rows = connection.execute(
+                f"SELECT term, id FROM keyword_terms WHERE term IN ({','.join('?' * len(batch))})", batch
+            )
+            ids.update({row[0]: row[1] for row in rows})
+
+    look_up(sorted(terms))
+    missing = sorted(terms.difference(ids))
+    if missing:
+        connection.executemany("INSERT INTO keyword_terms (term) VALUES (?)", [(term,) for term in missing])
+        look_up(missing)
+    return ids
+
+
+def _postings_blobs(
+    connection: sqlite3.Connection, counted: list[tuple[Counter[str], Counter[str]]]
+) -> list[bytes]:
+    """Each chunk's postings blob (postings.encode) from its title and content counts."""
+    ids = _term_ids(connection, {term for title, content in counted for term in (*title, *content)})
+    blobs = []
+    for title, content in counted:
+        merged = {ids[term]: (count, 0) for term, count in title.items()}
+        for term, count in content.items():
+            merged[ids[term]] = (merged.get(ids[term], (0, 0))[0], count)
+        blobs.append(encode(merged))
+    return blobs
 
 
 def _phrases(terms: list[tuple[str, float, int]], start: int, end: int) -> str:
