@@ -22,13 +22,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
 from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
+from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.iris.filters import matches
 from iris_rag.backends.iris.schema import (
     MIGRATIONS,
@@ -162,7 +163,7 @@ class IrisStore:
         self._all: list[Any] = []
         self._lock = threading.Lock()
         self._technique_indexes: list[TechniqueIndex] = []
-        self._technique_storage: dict[type[Any], object] = {}
+        self._technique_storages: TechniqueStorages[IrisStore] = TechniqueStorages("iris")
         self._vectors: VersionedCache[_Vectors] = VersionedCache()
         self._vector_tables: set[int] = set()
         self._migrate()
@@ -260,17 +261,9 @@ class IrisStore:
 
     def technique_storage(self, contract: type[T]) -> T:
         """The IRIS implementation of a technique's storage contract, made once per store."""
-        with self._lock:
-            storage = self._technique_storage.get(contract)
-            if storage is None:
-                from iris_rag.backends.iris import TECHNIQUE_STORAGE
+        from iris_rag.backends.iris import TECHNIQUE_STORAGE  # the package imports this module
 
-                factory = TECHNIQUE_STORAGE.get(contract)
-                if factory is None:
-                    msg = f"the iris backend has no storage for {contract.__name__} yet"
-                    raise NotImplementedError(msg)
-                storage = self._technique_storage[contract] = factory(self)
-        return cast(T, storage)
+        return self._technique_storages.get(self, contract, TECHNIQUE_STORAGE)
 
     def ping(self) -> None:
         """Run a trivial query."""

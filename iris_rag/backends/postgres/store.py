@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
+from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.postgres.filters import to_sql
 from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
@@ -84,7 +85,7 @@ class PostgresStore:
         self._pinned: list[Connection[Row]] = []
         self._pinned_lock = threading.Lock()
         self._technique_indexes: list[TechniqueIndex] = []
-        self._technique_storage: dict[type[Any], object] = {}
+        self._technique_storages: TechniqueStorages[PostgresStore] = TechniqueStorages("postgres")
         with self._pool.connection() as connection:
             migrate(connection)
             # The vector type exists only now (first migration): register its adapters afterwards.
@@ -136,17 +137,9 @@ class PostgresStore:
 
     def technique_storage(self, contract: type[T]) -> T:
         """The PostgreSQL implementation of a technique's storage contract, made once per store."""
-        with self._pinned_lock:
-            storage = self._technique_storage.get(contract)
-            if storage is None:
-                from iris_rag.backends.postgres import TECHNIQUE_STORAGE
+        from iris_rag.backends.postgres import TECHNIQUE_STORAGE  # the package imports this module
 
-                factory = TECHNIQUE_STORAGE.get(contract)
-                if factory is None:
-                    msg = f"the postgres backend has no storage for {contract.__name__} yet"
-                    raise NotImplementedError(msg)
-                storage = self._technique_storage[contract] = factory(self)
-        return cast(T, storage)
+        return self._technique_storages.get(self, contract, TECHNIQUE_STORAGE)
 
     def ping(self) -> None:
         """Run a trivial query."""

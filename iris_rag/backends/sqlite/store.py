@@ -14,13 +14,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
 from iris_rag.backends.common.bm25 import K1, token_counts, tokenize
+from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.sqlite.filters import json_path, register_functions, to_sql
 from iris_rag.backends.sqlite.postings import KeywordPostings, PostingRow, encode
 from iris_rag.backends.sqlite.vectors import Batch, VectorMatrix
@@ -358,7 +359,7 @@ class SqliteStore:
         self._closings = 0  # close() calls so far: a fill started before one stops
         self._vector_rows_read = 0  # chunk rows read into matrices since opening (a whole load reads all)
         self._technique_indexes: list[TechniqueIndex] = []
-        self._technique_storage: dict[type[Any], object] = {}
+        self._technique_storages: TechniqueStorages[SqliteStore] = TechniqueStorages("sqlite")
         self._keyword_ready: set[str] = set()  # collections whose keyword tables are known to exist
         # Each collection's (data version, documents, chunks), for get_collection.
         self._counts: dict[str, tuple[int, int, int]] = {}
@@ -467,21 +468,9 @@ class SqliteStore:
 
     def technique_storage(self, contract: type[T]) -> T:
         """The SQLite implementation of a technique's storage contract, made once per store."""
-        with self._connections_lock:
-            storage = self._technique_storage.get(contract)
-        if storage is None:
-            from iris_rag.backends.sqlite import TECHNIQUE_STORAGE
+        from iris_rag.backends.sqlite import TECHNIQUE_STORAGE  # the package imports this module
 
-            factory = TECHNIQUE_STORAGE.get(contract)
-            if factory is None:
-                msg = f"the sqlite backend has no storage for {contract.__name__}"
-                raise NotImplementedError(msg)
-            # Made outside the lock: making one opens a connection and takes the write lock (for its
-            # tables), which take locks of their own. Two threads may both make one; the first is kept.
-            made = factory(self)
-            with self._connections_lock:
-                storage = self._technique_storage.setdefault(contract, made)
-        return cast(T, storage)
+        return self._technique_storages.get(self, contract, TECHNIQUE_STORAGE)
 
     def connection(self) -> sqlite3.Connection:
         """The calling thread's connection (inside this backend only: its technique storage uses it)."""
