@@ -206,9 +206,11 @@ def late_interaction_rerank(
 
     Each of the three legs weighs RERANK_WEIGHT and is scaled over those candidates only, by the module's
     rule: the dense cosines and the late-interaction scores min-max, BM25 divided by the best; a leg that
-    did not score a candidate adds 0. Candidates past `depth` are dropped.
+    did not score a candidate adds 0. Candidates past `depth` follow in the fusion's order, each scored
+    its first-pass score times the re-ranked head's lowest score over the head's lowest first-pass score,
+    so the scores still fall down the list.
     """
-    head = list(fused[:depth])
+    head, tail = list(fused[:depth]), list(fused[depth:])
     ids = [f.chunk_id for f in head]
     totals, (_, _, late_norm) = weighted_sum(
         [
@@ -226,7 +228,12 @@ def late_interaction_rerank(
         ],
         ids,
     )
-    reranked = [
-        Reranked(f, late.get(f.chunk_id), late_norm.get(f.chunk_id, 0.0), totals[f.chunk_id]) for f in head
-    ]
-    return sorted(reranked, key=lambda r: (-r.score, r.chunk_id))
+    reranked = sorted(
+        (Reranked(f, late.get(f.chunk_id), late_norm.get(f.chunk_id, 0.0), totals[f.chunk_id]) for f in head),
+        key=lambda r: (-r.score, r.chunk_id),
+    )
+    if not tail or not head:
+        return reranked
+    floor, first_floor = reranked[-1].score, min(f.fused_score for f in head)
+    scale = floor / first_floor if first_floor > 0 else 0.0
+    return reranked + [Reranked(f, None, 0.0, max(0.0, f.fused_score * scale)) for f in tail]

@@ -134,10 +134,11 @@ class HybridIFindPipeline(Pipeline):
         ranked: list[FusedScore] | list[Reranked] = fused[: options.top_k]
         rerank: dict[str, Any] = {"rerank": params.rerank}
         if encoding is not None:
-            # Every returned chunk is re-scored: RERANK_DEPTH, or more for a larger top_k.
-            head = fused[: max(RERANK_DEPTH, options.top_k)]
+            # The first RERANK_DEPTH are re-scored; a larger top_k gets the rest in the fusion's order.
+            head = fused[:RERANK_DEPTH]
             late = self._late().scores(collection.id, encoding.tokens, [f.chunk_id for f in head])
-            ranked = late_interaction_rerank(head, late, len(head))[: options.top_k]
+            ranked = late_interaction_rerank(fused[: max(RERANK_DEPTH, options.top_k)], late, RERANK_DEPTH)
+            ranked = ranked[: options.top_k]
             rerank.update(rerank_applied=True, reranked_candidates=len(head))
         elif params.rerank != "none":
             rerank.update(rerank_applied=False, rerank_skipped=f"{skipped}; ranked by the fusion alone")

@@ -39,22 +39,29 @@ def ingested(service: RagService) -> RagService:
     return service
 
 
-def _fused(chunk_id: str, dense: float, keyword: float | None) -> FusedScore:
-    return FusedScore(chunk_id, dense, keyword, 0.0, 0.0, None, None, 0.0)
+def _fused(chunk_id: str, dense: float, keyword: float | None, first: float) -> FusedScore:
+    return FusedScore(chunk_id, dense, keyword, 0.0, 0.0, None, None, first)
 
 
 def test_late_interaction_rerank_reorders_by_equal_thirds() -> None:
-    first = [_fused("a", 0.9, 10.0), _fused("b", 0.8, 5.0), _fused("c", 0.5, None), _fused("z", 0.1, 1.0)]
+    first = [
+        _fused("a", 0.9, 10.0, 0.9),
+        _fused("b", 0.8, 5.0, 0.6),
+        _fused("c", 0.5, None, 0.4),
+        _fused("z", 0.1, 1.0, 0.2),
+    ]
     reranked = late_interaction_rerank(first, {"a": 0.2, "b": 0.9, "c": 0.95}, depth=3)
     # Over a, b, c only: dense min-max (1, .75, 0), BM25 / best (1, .5, 0), MaxSim min-max (0, .933, 1).
-    assert [r.chunk_id for r in reranked] == ["b", "a", "c"]
+    assert [r.chunk_id for r in reranked] == ["b", "a", "c", "z"]
     assert reranked[0].score == pytest.approx((0.75 + 0.5 + 0.7 / 0.75) / 3)
     assert reranked[1].score == pytest.approx(2 / 3) and reranked[1].late_norm == 0.0
     assert reranked[2].score == pytest.approx(1 / 3)
+    # Past the depth: the fusion's order, scaled under the head (its first-pass score x (1/3) / 0.4).
+    assert reranked[3].late_score is None and reranked[3].score == pytest.approx(0.2 * (1 / 3) / 0.4)
     details = reranked[0].as_dict()
-    assert details["late_interaction_score"] == 0.9 and details["first_pass_score"] == 0.0
+    assert details["late_interaction_score"] == 0.9 and details["first_pass_score"] == 0.6
     # A candidate the late leg did not score adds 0 there and keeps its other legs.
-    partial = late_interaction_rerank(first, {"b": 0.5}, depth=2)
+    partial = late_interaction_rerank(first[:2], {"b": 0.5}, depth=2)
     assert [(r.chunk_id, r.late_score, r.late_norm) for r in partial] == [("a", None, 0.0), ("b", 0.5, 1.0)]
     assert [r.score for r in partial] == pytest.approx([2 / 3, (0 + 0.5 + 1) / 3])
 
