@@ -696,6 +696,57 @@ def calibrate(
     return report
 
 
+def latency(
+    collection_id: str, queries: list[str], variants: dict[str, dict[str, Any]], top_k: int, warmup: int
+) -> dict[str, Any]:
+    """rag_hybrid_ifind's call per technique_params variant, alternating per query, each encoding afresh.
+
+    The embedder remembers a query's vector for the next call of the same query; here every call starts
+    without it (as bench_techniques', where each technique encodes its own query), so no variant gets its
+    encode free from the one before. In process, generation off, the result cache off (CACHE_ENABLED).
+    """
+    from bench.common import machine, percentiles
+
+    service = RagService(Settings())
+    service.embedder.wait_ready()
+    recent: Any = getattr(service.embedder, "_recent_queries", {})
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu_times: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for i, query in enumerate(queries[:warmup] + queries):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                recent.clear()
+                arguments = {
+                    "query": query,
+                    "collection_id": collection_id,
+                    "technique_params": variants[name],
+                    "options": {"top_k": top_k, "generate": False},
+                }
+                started, cpu = time.perf_counter(), time.process_time()
+                service.execute({"technique": "hybrid_ifind", "arguments": arguments})
+                if i >= warmup:
+                    times[name].append((time.perf_counter() - started) * 1000)
+                    cpu_times[name].append((time.process_time() - cpu) * 1000)
+    finally:
+        service.close()
+    summary = {name: percentiles(samples) for name, samples in times.items()}
+    first = summary[names[0]]
+    return {
+        "benchmark": "rag_hybrid_ifind call per variant (ms, in process, no generation, fresh encodes)",
+        "collection": collection_id,
+        "queries": len(queries),
+        "top_k": top_k,
+        "variants": variants,
+        "latency_ms": summary,
+        # The process's CPU time per call (every thread): the work itself, less sensitive to a loaded machine.
+        "cpu_ms": {name: percentiles(samples) for name, samples in cpu_times.items()},
+        "p50_ratio_to_first": {n: round(summary[n]["p50"] / first["p50"], 3) for n in names},
+        "p95_ratio_to_first": {n: round(summary[n]["p95"] / first["p95"], 3) for n in names},
+        "machine": machine(),
+    }
+
+
 def subset(dataset_path: Path, collection_id: str, out: Path) -> None:
     """A BEIR folder of the corpus documents the collection holds, and of the judgments on them.
 
@@ -766,7 +817,25 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--dataset", type=Path, default=Path("../shared/data/scifact"))
     k.add_argument("--json", type=Path, help="write the report here")
     k.add_argument("--only", help='one feature set and C, e.g. "dense+bm25+colbert C=1.0"')
+    t = sub.add_parser("latency", help="the call's latency per technique_params variant, alternating")
+    t.add_argument("--collection", default="eval-scifact")
+    t.add_argument("--queries", type=Path, default=Path("../shared/data/scifact/queries.jsonl"))
+    t.add_argument("--queries-limit", type=int, default=300)
+    t.add_argument("--variant", action="append", required=True, help="NAME=<technique_params JSON>")
+    t.add_argument("--top-k", type=int, default=5)
+    t.add_argument("--warmup", type=int, default=5)
+    t.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
+    if args.command == "latency":
+        from bench.common import read_jsonl
+
+        texts = [str(q["text"]) for q in read_jsonl(args.queries, args.queries_limit)]
+        chosen = {name: json.loads(text) for name, _, text in (v.partition("=") for v in args.variant)}
+        measured = latency(args.collection, texts, chosen, args.top_k, args.warmup)
+        print(json.dumps(measured["latency_ms"]), json.dumps(measured["cpu_ms"]), file=sys.stderr)
+        if args.json:
+            args.json.write_text(json.dumps(measured, indent=2))
+        return 0
     if args.command == "calibrate":
         train = pickle.loads(args.train.read_bytes())
         test = pickle.loads(args.test.read_bytes()) if args.test else None
