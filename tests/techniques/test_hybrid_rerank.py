@@ -189,3 +189,31 @@ def test_the_shared_pass_gives_the_dense_vector_and_is_remembered(embedder: Embe
     assert later.done()
     assert np.array_equal(later.result(), states.vector)
     np.testing.assert_allclose(states.vector, embedder.encode([query])[0], atol=1e-6)
+
+
+def test_rerank_on_postgres_reads_the_same_token_vectors(
+    ingested: RagService, postgres_url: str, tmp_path: Path, embedder: Embedder
+) -> None:
+    service = _served(
+        tmp_path / "pg",
+        embedder,
+        RAG_STORE="postgres",
+        RAG_POSTGRES_URL=postgres_url,
+        RAG_TECHNIQUES="hybrid_ifind,colbert",
+    )
+    try:
+        service.ingest({"collection_id": "docs", "documents": DOCUMENTS + EXTRA})
+        result = _hybrid(service, {"rerank": "colbert"})
+    finally:
+        service.close()
+    assert result["metadata"]["technique_specific"]["rerank_applied"] is True
+    on_sqlite = {
+        d["chunk_id"]: d["score_details"]["late_interaction_score"]
+        for d in _hybrid(ingested, {"rerank": "colbert"})["retrieved_documents"]
+    }
+    on_postgres = {
+        d["chunk_id"]: d["score_details"]["late_interaction_score"] for d in result["retrieved_documents"]
+    }
+    assert on_postgres.keys() == on_sqlite.keys()
+    for chunk_id, score in on_postgres.items():
+        assert score == pytest.approx(on_sqlite[chunk_id], abs=1e-5)
