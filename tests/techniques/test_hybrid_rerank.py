@@ -91,6 +91,7 @@ def test_rerank_rescores_the_fused_candidates_with_maxsim(ingested: RagService) 
     pipeline = ingested.pipelines["hybrid_ifind"]
     assert isinstance(pipeline, HybridIFindPipeline)
     late = pipeline._late()
+    assert late.index is not None
     encoding = late.encode_query(QUERY).result()
     chunk_ids = [d["chunk_id"] for d in documents]
     stored = late.index.load("docs", chunk_ids)
@@ -217,3 +218,24 @@ def test_rerank_on_postgres_reads_the_same_token_vectors(
     assert on_postgres.keys() == on_sqlite.keys()
     for chunk_id, score in on_postgres.items():
         assert score == pytest.approx(on_sqlite[chunk_id], abs=1e-5)
+
+
+def test_a_store_without_token_storage_ranks_by_the_fusion_and_says_so(
+    tmp_path: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend that has no rag_colbert storage (the SQLite registry without it, as an IRIS store)."""
+    from iris_rag.backends import sqlite
+    from iris_rag.techniques.colbert.storage import TokenVectorStorage
+
+    lacking = {k: v for k, v in sqlite.TECHNIQUE_STORAGE.items() if k is not TokenVectorStorage}
+    monkeypatch.setattr(sqlite, "TECHNIQUE_STORAGE", lacking)
+    service = _served(tmp_path, embedder, RAG_TECHNIQUES="basic,hybrid_ifind")
+    try:
+        service.ingest({"collection_id": "docs", "documents": DOCUMENTS + EXTRA})
+        result = _hybrid(service, {"rerank": "colbert"})
+    finally:
+        service.close()
+    specific = result["metadata"]["technique_specific"]
+    assert specific["rerank_applied"] is False
+    assert specific["rerank_skipped"].startswith("this store keeps no ColBERT token vectors (the sqlite")
+    assert result["retrieved_documents"][0]["id"] == "aspirin"

@@ -23,10 +23,17 @@ class LateInteraction:
     def __init__(self, context: PipelineContext) -> None:
         self.context = context
         self.encoder = TokenEncoder(context.embedder)
-        self.index = TokenVectorIndex(self.encoder, context.store)
+        self.index: TokenVectorIndex | None = None
+        self._no_storage: str | None = None
+        try:
+            self.index = TokenVectorIndex(self.encoder, context.store)
+        except NotImplementedError as error:  # a backend without rag_colbert's storage
+            self._no_storage = str(error)
 
     def unavailable(self, collection: CollectionInfo) -> str | None:
         """Why this collection's candidates cannot be re-ranked now (None: they can)."""
+        if self.index is None:
+            return f"this store keeps no ColBERT token vectors ({self._no_storage})"
         if not token_level(self.context.embedder):
             return "the embedding provider gives no word-piece vectors (EMBEDDING_PROVIDER=local needed)"
         indexed = self.index.indexed_documents(collection.id)
@@ -55,6 +62,8 @@ class LateInteraction:
         the chunks' codes go through one conversion and one matrix product. A chunk without stored tokens
         is left out; one with no token scores 0.
         """
+        if self.index is None:
+            return {}
         stored = self.index.load(collection_id, chunk_ids)
         present = [stored[c] for c in chunk_ids if c in stored]
         filled = [t for t in present if t.token_count > 0]
