@@ -6,6 +6,8 @@
         --baseline "today (chunk, minmax+bm25/best, .5/.5)" --json bench/results/quality/x.json
 
     .venv/bin/python -m bench.quality_fusion calibrate /tmp/quality_train.pkl [--test /tmp/quality_test.pkl]
+    RAG_DATA_DIR=data .venv/bin/python -m bench.quality_fusion latency --variant none='{}' \
+        --variant colbert='{"rerank": "colbert"}' --json bench/results/quality/x.json
 
 `collect` runs the legs the way the technique does (the store's exact cosine top `--pool` chunks, its
 flat BM25 top `--pool`, the exact cosine of every keyword-only candidate) and, for comparison, legs that
@@ -18,7 +20,9 @@ pytrec_eval measures (nDCG@10, Recall@100); with --baseline, each variant's mean
 difference from it, its standard error and how many queries went up and down. `calibrate` fits a
 logistic regression on each first-pass candidate's leg scores (label: its document is relevant),
 cross-validated by query on the collected split (5 folds) and, with --test, fitted on all of it and scored
-on the other split. The collection must exist
+on the other split. `latency` times rag_hybrid_ifind's call under each technique_params variant,
+alternating per query, each call encoding its query afresh (wall clock and the process's CPU time). The
+collection must exist
 (build it with `iris-rag eval`). `--pool` 100 is what a client's call uses (`candidate_pool`); `iris-rag
 eval` asks for 300 chunks per query, which raises the technique's pool to 300, so its hybrid figure differs
 from the `today` variant here by a few thousandths.
