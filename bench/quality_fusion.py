@@ -5,14 +5,24 @@
     .venv/bin/python -m bench.quality_fusion score /tmp/quality_train.pkl \
         --baseline "today (chunk, minmax+bm25/best, .5/.5)" --json bench/results/quality/x.json
 
+    .venv/bin/python -m bench.quality_fusion calibrate /tmp/quality_train.pkl [--test /tmp/quality_test.pkl]
+    RAG_DATA_DIR=data .venv/bin/python -m bench.quality_fusion latency --variant none='{}' \
+        --variant colbert='{"rerank": "colbert"}' --json bench/results/quality/x.json
+
 `collect` runs the legs the way the technique does (the store's exact cosine top `--pool` chunks, its
 flat BM25 top `--pool`, the exact cosine of every keyword-only candidate) and, for comparison, legs that
 the technique does not run today: ColBERT's MaxSim over the union (the colbert pipeline's own token
 selection and threshold), a second BM25 query expanded by RM3 pseudo-relevance feedback (the store's
-keyword search with term weights), and a Rocchio-expanded dense query. It pickles every candidate's
+keyword search with term weights; `--no-rm3` skips it), a Rocchio-expanded dense query and the store's
+multifield BM25 top `--pool`. It pickles every candidate's
 scores. `score` fuses them into document rankings under each variant and scores them with the harness's
 pytrec_eval measures (nDCG@10, Recall@100); with --baseline, each variant's mean per-query nDCG@10
-difference from it, its standard error and how many queries went up and down. The collection must exist
+difference from it, its standard error and how many queries went up and down. `calibrate` fits a
+logistic regression on each first-pass candidate's leg scores (label: its document is relevant),
+cross-validated by query on the collected split (5 folds) and, with --test, fitted on all of it and scored
+on the other split. `latency` times rag_hybrid_ifind's call under each technique_params variant,
+alternating per query, each call encoding its query afresh (wall clock and the process's CPU time). The
+collection must exist
 (build it with `iris-rag eval`). `--pool` 100 is what a client's call uses (`candidate_pool`); `iris-rag
 eval` asks for 300 chunks per query, which raises the technique's pool to 300, so its hybrid figure differs
 from the `today` variant here by a few thousandths.
@@ -59,6 +69,7 @@ class QueryLegs:
     rm3_fused: dict[str, float] = field(default_factory=dict)  # RM3 fed by the fused first pass
     rocchio_fused: dict[str, float] = field(default_factory=dict)  # Rocchio fed by the fused first pass
     colbert: dict[str, float] = field(default_factory=dict)  # MaxSim / query tokens, every candidate
+    multifield: dict[str, float] = field(default_factory=dict)  # multifield BM25 top pool
 
     @property
     def dense_top_set(self) -> set[str]:
@@ -159,7 +170,14 @@ def rocchio_vector(
 
 
 def collect(
-    service: RagService, dataset: BeirDataset, collection_id: str, pool: int, *, colbert: bool
+    service: RagService,
+    dataset: BeirDataset,
+    collection_id: str,
+    pool: int,
+    *,
+    colbert: bool,
+    rm3: bool = True,
+    colbert_params: dict[str, float] | None = None,
 ) -> Collected:
     """Every leg of every query, as the store and the pipelines compute them."""
     store = service.store
@@ -192,8 +210,13 @@ def collect(
             dense_top=[h.chunk_id for h in dense_hits],
             keyword={h.chunk_id: h.score for h in keyword_hits},
         )
+        if terms:
+            multifield = KeywordQuery.of(terms, scoring="multifield")
+            legs.multifield = {
+                h.chunk_id: h.score for h in store.keyword_search(collection_id, multifield, pool)
+            }
         remember([h.chunk_id for h in keyword_hits[:RM3_FEEDBACK_CHUNKS]])
-        if keyword_hits:
+        if keyword_hits and rm3:
             feedback = [(texts[h.chunk_id], h.score) for h in keyword_hits[:RM3_FEEDBACK_CHUNKS]]
             expanded = KeywordQuery(rm3_expansion(terms, feedback, vocabulary, total_chunks))
             legs.rm3 = {h.chunk_id: h.score for h in store.keyword_search(collection_id, expanded, pool)}
@@ -211,7 +234,7 @@ def collect(
         )
         best = ranked(today)[:RM3_FEEDBACK_CHUNKS]
         remember(best)
-        if terms:
+        if terms and rm3:
             feedback = [(texts[c], today[c]) for c in best]
             expanded = KeywordQuery(rm3_expansion(terms, feedback, vocabulary, total_chunks))
             legs.rm3_fused = {
@@ -227,13 +250,20 @@ def collect(
             others = [c for c in legs.keyword if c not in legs.rocchio_fused]
             legs.rocchio_fused.update(store.vector_scores(collection_id, moved, others))
         candidates = list(
-            first | legs.rm3.keys() | legs.rocchio.keys() | legs.rm3_fused.keys() | legs.rocchio_fused.keys()
+            first
+            | legs.rm3.keys()
+            | legs.rocchio.keys()
+            | legs.rm3_fused.keys()
+            | legs.rocchio_fused.keys()
+            | legs.multifield.keys()
         )
         missing = [c for c in candidates if c not in legs.dense]
         legs.dense.update(store.vector_scores(collection_id, vector, missing))
         remember(candidates)
         if colbert_pipeline is not None:
-            legs.colbert = _colbert_scores(colbert_pipeline, collection, query, candidates, idf)
+            legs.colbert = _colbert_scores(
+                colbert_pipeline, collection, query, candidates, idf, colbert_params or {}
+            )
         results[query_id] = legs
         if number % 100 == 0:
             rate = number / (time.perf_counter() - started)
@@ -242,12 +272,15 @@ def collect(
 
 
 def _colbert_scores(
-    pipeline: Any, collection: Any, query: str, chunk_ids: list[str], idf: Any
+    pipeline: Any, collection: Any, query: str, chunk_ids: list[str], idf: Any, overrides: dict[str, float]
 ) -> dict[str, float]:
-    """The colbert pipeline's normalized interaction (MaxSim / query tokens) of each candidate."""
+    """The colbert pipeline's normalized interaction (MaxSim / query tokens) of each candidate.
+
+    `overrides`: ColbertParams fields to change (compression_ratio, interaction_threshold); default none.
+    """
     from iris_rag.techniques.colbert.pipeline import ColbertParams, _Candidate, _select_tokens, batch_maxsim
 
-    params = ColbertParams()
+    params = ColbertParams(**overrides)
     encoding = pipeline.encoder.encode_query(query, max_length=params.max_query_length).result()
     stored = pipeline.index.load(collection.id, chunk_ids)
     candidates = [_Candidate(c, 0.0, stored.get(c)) for c in chunk_ids]
@@ -389,8 +422,13 @@ def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]
 
         return run
 
-    def colbert_rerank(depth: int) -> Callable[[QueryLegs, Mapping[str, str]], list[str]]:
-        """Today's fusion, then its top `depth` chunks re-fused with the ColBERT leg (1/3 each leg)."""
+    def colbert_rerank(
+        depth: int, weight: float = 1 / 3
+    ) -> Callable[[QueryLegs, Mapping[str, str]], list[str]]:
+        """Today's fusion, then its top `depth` chunks re-fused with the ColBERT leg at `weight`.
+
+        The dense and BM25 legs share the rest equally; each leg is scaled over the top `depth` only.
+        """
 
         def run(q: QueryLegs, d: Mapping[str, str]) -> list[str]:
             cands = q.dense_top_set | q.keyword.keys()
@@ -402,9 +440,9 @@ def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]
             order = ranked(first)
             top = order[:depth]
             legs = [
-                (1 / 3, _restrict(q.dense, top), "minmax"),
-                (1 / 3, _restrict(q.keyword, top), "bm25"),
-                (1 / 3, _restrict(q.colbert, top), "minmax"),
+                ((1 - weight) / 2, _restrict(q.dense, top), "minmax"),
+                ((1 - weight) / 2, _restrict(q.keyword, top), "bm25"),
+                (weight, _restrict(q.colbert, top), "minmax"),
             ]
             head = fused(legs, d, document_level=False)
             rest = {c: -1.0 - i for i, c in enumerate(order[depth:])}
@@ -462,6 +500,16 @@ def variants() -> dict[str, Callable[[QueryLegs, Mapping[str, str]], list[str]]]
         "dense z + kw .5/.5": make({"dense": 0.5, "keyword": 0.5}, dense_norm="z"),
         "dense raw cos + kw .5/.5": make({"dense": 0.5, "keyword": 0.5}, dense_norm="cos"),
     }
+    for depth in (10, 20, 30, 50, 100):
+        for weight in (0.2, 0.33, 0.5, 0.67):
+            table[f"colbert rerank top {depth} w {weight}"] = colbert_rerank(depth, weight)
+    table["multifield alone"] = make({"multifield": 1.0}, cand_legs=("multifield",))
+    table["dense + multifield .5/.5"] = make(
+        {"dense": 0.5, "multifield": 0.5}, cand_legs=("dense", "multifield")
+    )
+    table["dense + kw + multifield .5/.25/.25"] = make(
+        {"dense": 0.5, "keyword": 0.25, "multifield": 0.25}, cand_legs=("dense", "keyword", "multifield")
+    )
     for w in (0.3, 0.4, 0.6, 0.7):
         table[f"dense {w} + kw {1 - w:.1f}"] = make({"dense": w, "keyword": 1 - w})
         table[f"dense {w} + kw {1 - w:.1f} doc"] = make({"dense": w, "keyword": 1 - w}, doc=True)
@@ -482,6 +530,10 @@ def score(
         if only and only not in name:
             continue
         if "colbert" in name and not any(q.colbert for q in data.queries.values()):
+            continue
+        if "rm3" in name and not any(q.rm3 for q in data.queries.values()):
+            continue
+        if "multifield" in name and not any(q.multifield for q in data.queries.values()):
             continue
         rankings = {
             qid: [x for x in variant(legs, data.document_of) if x != qid]
@@ -513,6 +565,190 @@ def _per_query(
     }
     measured = score_queries(qrels, rankings)
     return np.array([measured.get(q, {}).get("ndcg@10", 0.0) for q in data.queries])
+
+
+# ---- a calibrated combination: logistic regression on the legs' scores ----------------------------------
+
+FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "dense+bm25": ("dense_norm", "keyword_norm"),
+    "dense+bm25+multifield": ("dense_norm", "keyword_norm", "multifield_norm"),
+    "dense+bm25+colbert": ("dense_norm", "keyword_norm", "colbert_norm"),
+    "all": ("dense_norm", "dense_raw", "keyword_norm", "multifield_norm", "colbert_norm", "colbert_raw"),
+}
+
+
+def _features(q: QueryLegs) -> tuple[list[str], dict[str, npt.NDArray[np.float64]]]:
+    """Every first-pass candidate (dense top pool + BM25 top pool) and its per-leg features."""
+    cands = sorted(q.dense_top_set | q.keyword.keys())
+    dense = min_max(_restrict(q.dense, cands))
+    keyword = _bm25_norm(q.keyword)
+    multifield = _bm25_norm(_restrict(q.multifield, cands))
+    colbert = min_max(_restrict(q.colbert, cands))
+    columns = {
+        "dense_norm": [dense.get(c, 0.0) for c in cands],
+        "dense_raw": [q.dense.get(c, 0.0) for c in cands],
+        "keyword_norm": [keyword.get(c, 0.0) for c in cands],
+        "multifield_norm": [multifield.get(c, 0.0) for c in cands],
+        "colbert_norm": [colbert.get(c, 0.0) for c in cands],
+        "colbert_raw": [q.colbert.get(c, 0.0) for c in cands],
+    }
+    return cands, {k: np.array(v, dtype=np.float64) for k, v in columns.items()}
+
+
+def _design(
+    data: Collected, qids: Sequence[str], names: tuple[str, ...], qrels: Mapping[str, Mapping[str, int]]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    rows, labels = [], []
+    for qid in qids:
+        cands, cols = _features(data.queries[qid])
+        rows.append(np.stack([cols[n] for n in names], axis=1))
+        judged = qrels.get(qid, {})
+        labels.append(np.array([int(judged.get(data.document_of[c], 0) > 0) for c in cands]))
+    return np.concatenate(rows), np.concatenate(labels)
+
+
+def _rank_with(
+    data: Collected, qids: Sequence[str], names: tuple[str, ...], weights: npt.NDArray[np.float64]
+) -> dict[str, list[str]]:
+    rankings = {}
+    for qid in qids:
+        cands, cols = _features(data.queries[qid])
+        values = np.stack([cols[n] for n in names], axis=1) @ weights
+        scores = dict(zip(cands, values.tolist(), strict=True))
+        rankings[qid] = [x for x in documents(scores, data.document_of) if x != qid]
+    return rankings
+
+
+def _fit(x: npt.NDArray[np.float64], y: npt.NDArray[np.int64], c: float) -> npt.NDArray[np.float64]:
+    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
+
+    model = LogisticRegression(C=c, max_iter=1000)
+    model.fit(x, y)
+    weights: npt.NDArray[np.float64] = model.coef_[0].astype(np.float64)
+    return weights
+
+
+def calibrate(
+    train: Collected,
+    train_qrels: dict[str, dict[str, int]],
+    test: Collected | None,
+    test_qrels: dict[str, dict[str, int]] | None,
+    folds: int = 5,
+    only: str | None = None,
+) -> dict[str, Any]:
+    """Logistic regression on the legs' per-candidate scores (label: the chunk's document is relevant).
+
+    On train: grouped k-fold cross-validation by query (each fold's model ranks only its held-out
+    queries), paired against today's fusion. With a test set: one model fitted on all of train.
+    """
+    report: dict[str, Any] = {}
+    today = variants()["today (chunk, minmax+bm25/best, .5/.5)"]
+    qids = list(train.queries)
+    rng = np.random.default_rng(17)
+    order = rng.permutation(len(qids))
+    fold_of = {qids[i]: n % folds for n, i in enumerate(order)}
+    judged = {q: train_qrels[q] for q in qids}
+    base_rank = {q: [x for x in today(train.queries[q], train.document_of) if x != q] for q in qids}
+    base = score_queries(judged, base_rank)
+    for set_name, names in FEATURE_SETS.items():
+        if "colbert_norm" in names and not any(q.colbert for q in train.queries.values()):
+            continue
+        for c in (0.01, 1.0, 100.0):
+            if only and only != f"{set_name} C={c}":
+                continue
+            rankings: dict[str, list[str]] = {}
+            for fold in range(folds):
+                fit_on = [q for q in qids if fold_of[q] != fold]
+                held = [q for q in qids if fold_of[q] == fold]
+                weights = _fit(*_design(train, fit_on, names, train_qrels), c)
+                rankings.update(_rank_with(train, held, names, weights))
+            measured = score_queries(judged, rankings)
+            diff = np.array(
+                [measured.get(q, {}).get("ndcg@10", 0.0) - base.get(q, {}).get("ndcg@10", 0.0) for q in qids]
+            )
+            metrics = score_run(judged, rankings)
+            weights = _fit(*_design(train, qids, names, train_qrels), c)
+            entry: dict[str, Any] = {
+                "features": list(names),
+                "C": c,
+                "train_cv_ndcg@10": round(metrics["ndcg@10"], 4),
+                "train_cv_recall@100": round(metrics["recall@100"], 4),
+                "train_cv_diff": round(float(diff.mean()), 4),
+                "train_cv_stderr": round(float(diff.std(ddof=1) / np.sqrt(len(diff))), 4),
+                "weights_all_train": [round(float(w), 4) for w in weights],
+            }
+            if test is not None and test_qrels is not None:
+                tq = list(test.queries)
+                tj = {q: test_qrels[q] for q in tq}
+                trank = _rank_with(test, tq, names, weights)
+                tbase = score_queries(
+                    tj, {q: [x for x in today(test.queries[q], test.document_of) if x != q] for q in tq}
+                )
+                tm = score_queries(tj, trank)
+                tdiff = np.array(
+                    [tm.get(q, {}).get("ndcg@10", 0.0) - tbase.get(q, {}).get("ndcg@10", 0.0) for q in tq]
+                )
+                tmetrics = score_run(tj, trank)
+                entry.update(
+                    test_ndcg_at_10=round(tmetrics["ndcg@10"], 4),
+                    test_recall_at_100=round(tmetrics["recall@100"], 4),
+                    test_diff=round(float(tdiff.mean()), 4),
+                    test_stderr=round(float(tdiff.std(ddof=1) / np.sqrt(len(tdiff))), 4),
+                )
+            report[f"{set_name} C={c}"] = entry
+            print(f"{set_name} C={c}: {json.dumps(entry)}", flush=True)
+    return report
+
+
+def latency(
+    collection_id: str, queries: list[str], variants: dict[str, dict[str, Any]], top_k: int, warmup: int
+) -> dict[str, Any]:
+    """rag_hybrid_ifind's call per technique_params variant, alternating per query, each encoding afresh.
+
+    The embedder remembers a query's vector for the next call of the same query; here every call starts
+    without it (as bench_techniques', where each technique encodes its own query), so no variant gets its
+    encode free from the one before. In process, generation off, the result cache off (CACHE_ENABLED).
+    """
+    from bench.common import machine, percentiles
+
+    service = RagService(Settings())
+    service.embedder.wait_ready()
+    recent: Any = getattr(service.embedder, "_recent_queries", {})
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu_times: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for i, query in enumerate(queries[:warmup] + queries):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                recent.clear()
+                arguments = {
+                    "query": query,
+                    "collection_id": collection_id,
+                    "technique_params": variants[name],
+                    "options": {"top_k": top_k, "generate": False},
+                }
+                started, cpu = time.perf_counter(), time.process_time()
+                service.execute({"technique": "hybrid_ifind", "arguments": arguments})
+                if i >= warmup:
+                    times[name].append((time.perf_counter() - started) * 1000)
+                    cpu_times[name].append((time.process_time() - cpu) * 1000)
+    finally:
+        service.close()
+    summary = {name: percentiles(samples) for name, samples in times.items()}
+    first = summary[names[0]]
+    return {
+        "benchmark": "rag_hybrid_ifind call per variant (ms, in process, no generation, fresh encodes)",
+        "collection": collection_id,
+        "queries": len(queries),
+        "top_k": top_k,
+        "variants": variants,
+        "latency_ms": summary,
+        # The process's CPU time per call (every thread): the work itself, less sensitive to a loaded machine.
+        "cpu_ms": {name: percentiles(samples) for name, samples in cpu_times.items()},
+        "p50_ratio_to_first": {n: round(summary[n]["p50"] / first["p50"], 3) for n in names},
+        "p95_ratio_to_first": {n: round(summary[n]["p95"] / first["p95"], 3) for n in names},
+        "machine": machine(),
+    }
 
 
 def subset(dataset_path: Path, collection_id: str, out: Path) -> None:
@@ -565,6 +801,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--pool", type=int, default=100)
     c.add_argument("--limit", type=int, default=0)
     c.add_argument("--colbert", action="store_true")
+    c.add_argument("--no-rm3", action="store_true", help="skip the two RM3 legs (they lost, and cost most)")
+    c.add_argument("--colbert-threshold", type=float, help="ColBERT interaction_threshold (default 0.5)")
+    c.add_argument("--colbert-ratio", type=float, help="ColBERT compression_ratio (default 0.8)")
     c.add_argument("--out", type=Path, required=True)
     b = sub.add_parser("subset", help="a BEIR folder restricted to the documents a collection holds")
     b.add_argument("--dataset", type=Path, required=True)
@@ -576,7 +815,44 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--only")
     s.add_argument("--baseline", help="a variant's name: print each variant's paired nDCG@10 difference")
     s.add_argument("--json", type=Path, help="write the report here")
+    k = sub.add_parser("calibrate", help="logistic regression on the legs' scores, cross-validated on train")
+    k.add_argument("train", type=Path)
+    k.add_argument("--test", type=Path, help="also score the model fitted on all of train on this split")
+    k.add_argument("--dataset", type=Path, default=Path("../shared/data/scifact"))
+    k.add_argument("--json", type=Path, help="write the report here")
+    k.add_argument("--only", help='one feature set and C, e.g. "dense+bm25+colbert C=1.0"')
+    t = sub.add_parser("latency", help="the call's latency per technique_params variant, alternating")
+    t.add_argument("--collection", default="eval-scifact")
+    t.add_argument("--queries", type=Path, default=Path("../shared/data/scifact/queries.jsonl"))
+    t.add_argument("--queries-limit", type=int, default=300)
+    t.add_argument("--variant", action="append", required=True, help="NAME=<technique_params JSON>")
+    t.add_argument("--top-k", type=int, default=5)
+    t.add_argument("--warmup", type=int, default=5)
+    t.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
+    if args.command == "latency":
+        from bench.common import read_jsonl
+
+        texts = [str(q["text"]) for q in read_jsonl(args.queries, args.queries_limit)]
+        chosen = {name: json.loads(text) for name, _, text in (v.partition("=") for v in args.variant)}
+        measured = latency(args.collection, texts, chosen, args.top_k, args.warmup)
+        print(json.dumps(measured["latency_ms"]), json.dumps(measured["cpu_ms"]), file=sys.stderr)
+        if args.json:
+            args.json.write_text(json.dumps(measured, indent=2))
+        return 0
+    if args.command == "calibrate":
+        train = pickle.loads(args.train.read_bytes())
+        test = pickle.loads(args.test.read_bytes()) if args.test else None
+        calibration = calibrate(
+            train,
+            load_beir(args.dataset, train.split).qrels,
+            test,
+            load_beir(args.dataset, test.split).qrels if test else None,
+            only=args.only,
+        )
+        if args.json:
+            args.json.write_text(json.dumps(calibration, indent=2))
+        return 0
     if args.command == "subset":
         subset(args.dataset, args.collection, args.out)
         return 0
@@ -586,7 +862,22 @@ def main(argv: list[str] | None = None) -> int:
             dataset = dataset.limited(args.limit)
         service = RagService(Settings())
         try:
-            data = collect(service, dataset, args.collection, args.pool, colbert=args.colbert)
+            data = collect(
+                service,
+                dataset,
+                args.collection,
+                args.pool,
+                colbert=args.colbert,
+                rm3=not args.no_rm3,
+                colbert_params={
+                    key: value
+                    for key, value in (
+                        ("interaction_threshold", args.colbert_threshold),
+                        ("compression_ratio", args.colbert_ratio),
+                    )
+                    if value is not None
+                },
+            )
         finally:
             service.close()
         args.out.write_bytes(pickle.dumps(data))

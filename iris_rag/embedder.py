@@ -493,6 +493,36 @@ class Embedder:
                 self._recent_queries.popitem(last=False)
         return future
 
+    def encode_query_states_async(self, query: str) -> Future[onnx_model.QueryStates] | None:
+        """Under onnx: one query's vector and its word pieces' last hidden state from one forward pass.
+
+        The vector is the one encode_query_async gives, and is remembered as its answer for the same query,
+        so a later encode of the query (the answer's relevance check) costs nothing. Under torch: None (the
+        caller runs the torch model, which also gives both from one pass: TokenEncoder.encode_query).
+        """
+        self.wait_ready()
+        if self.backend != "onnx":
+            return None
+        future: Future[onnx_model.QueryStates] = self._submit_single(self._states_one, query, dense=True)
+        vector: Future[npt.NDArray[np.float32]] = Future()
+
+        def settle(done: Future[onnx_model.QueryStates]) -> None:
+            error = done.exception()
+            if error is not None:
+                vector.set_exception(error)
+                return
+            result = done.result().vector
+            result.flags.writeable = False  # shared, as encode_query_async's are
+            vector.set_result(result)
+
+        future.add_done_callback(settle)
+        with self._recent_lock:
+            if query not in self._recent_queries:
+                self._recent_queries[query] = vector
+                while len(self._recent_queries) > RECENT_QUERIES:
+                    self._recent_queries.popitem(last=False)
+        return future
+
     def _submit_single(self, task: Callable[..., _T], *args: Any, dense: bool) -> Future[_T]:
         """Run task(model, *args), query-time work, beside bulk work rather than behind it.
 
@@ -588,6 +618,11 @@ class Embedder:
             wanted = self._batch_threads
         if wanted and torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
+
+    def _states_one(self, model: Any, query: str) -> onnx_model.QueryStates:
+        self._use_threads(model, single=True)
+        states: onnx_model.QueryStates = model.encode_with_states(query)
+        return states
 
     def _encode_one(self, model: Any, query: str) -> npt.NDArray[np.float32]:
         self._use_threads(model, single=True)

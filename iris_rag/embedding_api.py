@@ -27,6 +27,7 @@ import numpy.typing as npt
 from iris_rag import progress
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import EmbeddingServiceUnavailableError
+from iris_rag.onnx_model import QueryStates
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 
@@ -190,6 +191,11 @@ class ApiEmbedder:
         vector: Vectors = self._request([query])[0]
         vector.flags.writeable = False
         return vector
+
+    def encode_query_states_async(self, query: str) -> Future[QueryStates] | None:
+        """An embedding API gives no hidden states."""
+        del query
+        return None
 
     def map_bulk(
         self, task: Callable[[Any, list[Any]], _T], items: Sequence[Any], *, cost: Callable[[Any], int]

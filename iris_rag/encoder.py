@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.onnx_model import QueryStates
 from iris_rag.settings import Settings
 
 _T = TypeVar("_T")
@@ -68,6 +69,9 @@ class TextEncoder(Protocol):
 
     def encode_query_async(self, query: str) -> Future[npt.NDArray[np.float32]]:
         """One query's vector, computed while the caller does other work."""
+
+    def encode_query_states_async(self, query: str) -> Future[QueryStates] | None:
+        """One query's vector with its word pieces' hidden states, in one pass; None where not offered."""
 
     def map_bulk(
         self, task: Callable[[Any, list[_I]], _T], items: Sequence[_I], *, cost: Callable[[_I], int]

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,15 @@ def _remove_stale_partials(folder: Path) -> None:
                 path.unlink()
 
 
+@dataclass(frozen=True, slots=True)
+class QueryStates:
+    """A query's unit embedding with the word-piece ids and last hidden state it was pooled from."""
+
+    vector: npt.NDArray[np.float32]
+    token_ids: npt.NDArray[np.int64]
+    states: npt.NDArray[np.float32]
+
+
 class OnnxModel:
     """The dense half of a sentence-transformers model: the same encode() call, on ONNX Runtime.
 
@@ -236,6 +246,23 @@ class OnnxModel:
             pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
         result: npt.NDArray[np.float32] = pooled.astype(np.float32, copy=False)
         return result
+
+    def encode_with_states(self, text: str) -> QueryStates:
+        """One text's embedding and, from the same forward pass, its word-piece ids and last hidden state.
+
+        The embedding is exactly what encode([text]) returns: one text is never padded.
+        """
+        encoding = self._tokenizer.encode(text.strip())
+        feeds = {
+            "input_ids": np.array([encoding.ids], dtype=np.int64),
+            "attention_mask": np.array([encoding.attention_mask], dtype=np.int64),
+            "token_type_ids": np.array([encoding.type_ids], dtype=np.int64),
+        }
+        hidden = self.session.run(None, {k: v for k, v in feeds.items() if k in self._input_names})[0][0]
+        states = np.ascontiguousarray(hidden, dtype=np.float32)
+        pooled = states.mean(axis=0)
+        vector = (pooled / max(float(np.linalg.norm(pooled)), 1e-12)).astype(np.float32)
+        return QueryStates(vector, feeds["input_ids"][0], states)
 
     def word_piece_counts(self, texts: list[str]) -> list[int]:
         """Word pieces per text, without special tokens or truncation (the tokenizer's tokenize())."""

@@ -127,6 +127,23 @@ def test_colbert_token_vectors_are_unchanged_under_onnx(
     )
 
 
+def test_query_token_vectors_from_the_onnx_pass_equal_the_torch_pass(
+    onnx_embedder: Embedder, torch_embedder: Embedder
+) -> None:
+    """rag_hybrid_ifind's rerank: the dense encode's ONNX pass gives the query's ColBERT token vectors,
+    the same as the torch model's (torch's own shared pass: encode_query_shared falls back to it)."""
+    assert torch_embedder.encode_query_states_async("a query") is None
+    for query in _sample_texts()[120:130]:
+        shared = TokenEncoder(onnx_embedder).encode_query_shared(query).result()
+        torch = TokenEncoder(torch_embedder).encode_query_shared(query).result()
+        np.testing.assert_array_equal(shared.tokens.token_ids, torch.tokens.token_ids)
+        assert shared.tokens.vectors.shape[0] > 3
+        assert 1 - _min_cosine(shared.tokens.vectors, torch.tokens.vectors) < COSINE_TOLERANCE
+        assert shared.dense is not None and torch.dense is not None
+        np.testing.assert_allclose(shared.dense, onnx_embedder.encode_query(query), atol=1e-6)
+        assert 1 - float(shared.dense @ torch.dense) < COSINE_TOLERANCE
+
+
 def test_onnx_without_an_export_fails_saying_how_to_export(tmp_path: Path) -> None:
     embedder = Embedder(PACKAGED_MODEL_NAME, backend="onnx", onnx_dir=tmp_path)
     embedder.load()

@@ -168,3 +168,72 @@ def reciprocal_rank_fusion(
             )
         )
     return sorted(fused, key=lambda f: (-f.fused_score, f.chunk_id))
+
+
+RERANK_WEIGHT = 1 / 3
+"""late_interaction_rerank: each leg's weight (dense, BM25, late interaction): equal thirds, not tuned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reranked:
+    """A fused candidate re-scored with a late-interaction leg (late_interaction_rerank)."""
+
+    first: FusedScore
+    late_score: float | None
+    late_norm: float
+    score: float
+
+    @property
+    def chunk_id(self) -> str:
+        """The candidate's chunk."""
+        return self.first.chunk_id
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """The wire form: the first pass's breakdown, its score, the late leg and the new fused score."""
+        return {
+            **self.first.as_dict(),
+            "first_pass_score": round(self.first.fused_score, 6),
+            "late_interaction_score": _round(self.late_score),
+            "late_interaction_norm": round(self.late_norm, 6),
+            "fused_score": round(self.score, 6),
+        }
+
+
+def late_interaction_rerank(
+    fused: Sequence[FusedScore], late: Mapping[str, float], depth: int
+) -> list[Reranked]:
+    """The first `depth` candidates of a fused ranking re-fused with a late-interaction leg, best first.
+
+    Each of the three legs weighs RERANK_WEIGHT and is scaled over those candidates only, by the module's
+    rule: the dense cosines and the late-interaction scores min-max, BM25 divided by the best; a leg that
+    did not score a candidate adds 0. Candidates past `depth` follow in the fusion's order, each scored
+    its first-pass score times the re-ranked head's lowest score over the head's lowest first-pass score,
+    so the scores still fall down the list.
+    """
+    head, tail = list(fused[:depth]), list(fused[depth:])
+    ids = [f.chunk_id for f in head]
+    totals, (_, _, late_norm) = weighted_sum(
+        [
+            WeightedLeg(
+                RERANK_WEIGHT,
+                {f.chunk_id: f.dense_score for f in head if f.dense_score is not None},
+                natural_zero=False,
+            ),
+            WeightedLeg(
+                RERANK_WEIGHT,
+                {f.chunk_id: f.keyword_score for f in head if f.keyword_score is not None},
+                natural_zero=True,
+            ),
+            WeightedLeg(RERANK_WEIGHT, {c: late[c] for c in ids if c in late}, natural_zero=False),
+        ],
+        ids,
+    )
+    reranked = sorted(
+        (Reranked(f, late.get(f.chunk_id), late_norm.get(f.chunk_id, 0.0), totals[f.chunk_id]) for f in head),
+        key=lambda r: (-r.score, r.chunk_id),
+    )
+    if not tail or not head:
+        return reranked
+    floor, first_floor = reranked[-1].score, min(f.fused_score for f in head)
+    scale = floor / first_floor if first_floor > 0 else 0.0
+    return reranked + [Reranked(f, None, 0.0, max(0.0, f.fused_score * scale)) for f in tail]

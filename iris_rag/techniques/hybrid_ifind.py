@@ -7,12 +7,22 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
-from iris_rag.retrieval.fusion import FusedScore, reciprocal_rank_fusion, weighted_fusion
+from iris_rag.retrieval.fusion import (
+    FusedScore,
+    Reranked,
+    late_interaction_rerank,
+    reciprocal_rank_fusion,
+    weighted_fusion,
+)
 from iris_rag.retrieval.keyword import FuzzyRepair, repair_terms, unknown_terms
 from iris_rag.stores.base import CollectionInfo, KeywordQuery, KeywordScoring, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.versioned import VersionedCache
+from iris_rag.techniques.colbert.rerank import LateInteraction
 from iris_rag.text import query_terms
+
+RERANK_DEPTH = 100
+"""rerank "colbert": the fused ranking's first candidates re-scored (the client's candidate_pool default)."""
 
 # A metadata field name (or "title") that keyword_boost_fields may name.
 FIELD_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
@@ -35,6 +45,7 @@ class HybridParams(BaseModel):
     ] = ()
     keyword_boost: float = Field(2.0, ge=1, le=10)
     keyword_scoring: KeywordScoring = "flat"
+    rerank: Literal["none", "colbert"] = "none"
 
     @field_validator("keyword_boost_fields")
     @classmethod
@@ -62,6 +73,12 @@ class HybridIFindPipeline(Pipeline):
         super().__init__(*args, **kwargs)
         # The keyword index's vocabulary, for fuzzy repair; reloaded when the data version moves on.
         self._vocabularies: VersionedCache[dict[str, int]] = VersionedCache()
+        self._late_interaction: LateInteraction | None = None  # rerank "colbert": made when first asked
+
+    def _late(self) -> LateInteraction:
+        if self._late_interaction is None:
+            self._late_interaction = LateInteraction(self.context)
+        return self._late_interaction
 
     def retrieve(
         self, query: str, collection: CollectionInfo, options: QueryOptions, params: HybridParams
@@ -74,7 +91,12 @@ class HybridIFindPipeline(Pipeline):
         # The query embeds on the encode thread while this thread runs the keyword leg in SQLite: the
         # two overlap instead of adding up. A leg weighted 0 is switched off: its candidates could only
         # ever score 0 (the vector still gives every keyword hit its cosine for the score breakdown).
-        pending_vector = self.context.embedder.encode_query_async(query)
+        # Re-ranking takes the query's token vectors from the same forward pass.
+        skipped = self._late().unavailable(collection) if params.rerank == "colbert" else None
+        pending_tokens = (
+            self._late().encode_query(query) if params.rerank == "colbert" and skipped is None else None
+        )
+        pending_vector = None if pending_tokens else self.context.embedder.encode_query_async(query)
         terms = query_terms(query)
         repair = FuzzyRepair()
         keyword_hits: list[ScoredChunk] = []
@@ -84,7 +106,11 @@ class HybridIFindPipeline(Pipeline):
             keyword_hits = self._keyword_leg(
                 collection.id, terms + repair.extra_terms, pool, metadata_filter, params
             )
-        query_vector = pending_vector.result()
+        encoding = pending_tokens.result() if pending_tokens else None
+        if encoding is not None and encoding.dense is not None:
+            query_vector = encoding.dense
+        else:
+            query_vector = (pending_vector or self.context.embedder.encode_query_async(query)).result()
         dense_hits: list[ScoredChunk] = []
         if params.vector_weight > 0:
             dense_hits = store.vector_search(collection.id, query_vector, pool, metadata_filter)
@@ -104,12 +130,25 @@ class HybridIFindPipeline(Pipeline):
             vector_weight=params.vector_weight,
             keyword_weight=params.keyword_weight,
             **extra,
-        )[: options.top_k]
+        )
+        ranked: list[FusedScore] | list[Reranked] = fused[: options.top_k]
+        rerank: dict[str, Any] = {"rerank": params.rerank}
+        if encoding is not None:
+            # The first RERANK_DEPTH are re-scored; a larger top_k gets the rest in the fusion's order.
+            head = fused[:RERANK_DEPTH]
+            late = self._late().scores(collection.id, encoding.tokens, [f.chunk_id for f in head])
+            ranked = late_interaction_rerank(fused[: max(RERANK_DEPTH, options.top_k)], late, RERANK_DEPTH)
+            ranked = ranked[: options.top_k]
+            rerank.update(rerank_applied=True, reranked_candidates=len(head))
+        elif params.rerank != "none":
+            rerank.update(rerank_applied=False, rerank_skipped=f"{skipped}; ranked by the fusion alone")
 
-        chunks = {c.chunk_id: c for c in store.get_chunks(collection.id, [f.chunk_id for f in fused])}
+        chunks = {c.chunk_id: c for c in store.get_chunks(collection.id, [f.chunk_id for f in ranked])}
         documents = [
-            RetrievedDocument(chunks[f.chunk_id], f.fused_score, f.as_dict())
-            for f in fused
+            RetrievedDocument(
+                chunks[f.chunk_id], f.score if isinstance(f, Reranked) else f.fused_score, f.as_dict()
+            )
+            for f in ranked
             if f.chunk_id in chunks
         ]
         return Retrieval(
@@ -124,6 +163,7 @@ class HybridIFindPipeline(Pipeline):
                 "fuzzy_expansions": repair.expansions,
                 "keyword_boost_fields": list(params.keyword_boost_fields),
                 "keyword_scoring": params.keyword_scoring,
+                **rerank,
                 "dense_candidates": len(dense_hits),
                 "keyword_candidates": len(keyword_hits),
                 "used_chunk_ids": [d.chunk.chunk_id for d in documents],

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.encoder import TextEncoder
+from iris_rag.onnx_model import QueryStates
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.technique_index import ChunkEncoding
 from iris_rag.techniques.colbert.storage import TokenRow, TokenVectorStorage
@@ -34,6 +35,8 @@ TOKEN_DIMENSION = 96
 """Dimensions kept per token vector after projection (int8 each)."""
 MAX_DOCUMENT_TOKENS = 512
 """Word pieces encoded per chunk (the model's position limit); longer chunks are cut."""
+QUERY_MAX_TOKENS = 256
+"""Word pieces of a query encode_query_shared's torch fallback keeps (the packaged model's max_seq_length)."""
 PROJECTION_SEED = 20240611
 """Seed of the fixed random orthonormal projection: the same for every collection and every run."""
 
@@ -258,6 +261,38 @@ class TokenEncoder:
             return QueryEncoding(dense_from_hidden(hidden) if exact else None, tokens)
 
         return self.embedder.run_with_model(run, single=True)
+
+    def encode_query_shared(self, query: str) -> Future[QueryEncoding]:
+        """The query's token vectors and dense vector from the dense encoder's own forward pass.
+
+        Under the onnx backend that is the ONNX session encode_query_async runs (one pass gives both, and
+        the vector is remembered for later encodes of the query); otherwise encode_query on the torch
+        model, cut at the model's max_seq_length as the dense encode is.
+        """
+        shared = self.embedder.encode_query_states_async(query)
+        if shared is None:
+            return self.encode_query(query, max_length=QUERY_MAX_TOKENS)
+        projection, skip = self._setup()
+        result: Future[QueryEncoding] = Future()
+
+        def settle(done: Future[QueryStates]) -> None:
+            try:
+                states = done.result()
+            except BaseException as error:  # handed to the caller's result()
+                result.set_exception(error)
+                return
+            keep = ~skip[states.token_ids]
+            vectors = _unit(states.states[keep])
+            projected = _unit(vectors @ projection) if vectors.size else vectors[:, :0]
+            tokens = TokenVectors(
+                states.token_ids[keep],
+                np.ascontiguousarray(projected.reshape(-1, self.dimension), dtype=np.float32),
+                truncated=len(states.token_ids) >= QUERY_MAX_TOKENS,
+            )
+            result.set_result(QueryEncoding(states.vector, tokens))
+
+        shared.add_done_callback(settle)
+        return result
 
 
 @dataclass(frozen=True, slots=True)
