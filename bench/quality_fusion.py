@@ -710,7 +710,9 @@ def latency(
     encode free from the one before. In process, generation off, the result cache off (CACHE_ENABLED).
     """
     from bench.common import machine, percentiles
+    from iris_rag.runtime import limit_blas_threads
 
+    limit_blas_threads()  # as the worker does: one BLAS thread per call, not one per core
     service = RagService(Settings())
     service.embedder.wait_ready()
     recent: Any = getattr(service.embedder, "_recent_queries", {})
