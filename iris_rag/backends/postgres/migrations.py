@@ -290,6 +290,30 @@ CREATE TABLE structured_tables (
         "each call record keeps the caller's request_id and session_id",
         "ALTER TABLE calls ADD COLUMN request_id TEXT, ADD COLUMN session_id TEXT;",
     ),
+    (
+        10,
+        "the data version moves once per statement and collection, not once per document row",
+        # A bulk load (COPY of many documents in one transaction) fired the row trigger once per document,
+        # each update of the same version row walking the transaction's growing chain of its versions:
+        # quadratic. Statement triggers over the changed rows bump each collection once per statement.
+        """
+DROP TRIGGER documents_version ON documents;
+DROP FUNCTION bump_collection_version();
+CREATE FUNCTION bump_collection_versions() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO collection_versions AS v
+    SELECT DISTINCT collection_id, 1 FROM changed_rows
+    ON CONFLICT (collection_id) DO UPDATE SET version = v.version + 1;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER documents_inserted AFTER INSERT ON documents REFERENCING NEW TABLE AS changed_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION bump_collection_versions();
+CREATE TRIGGER documents_updated AFTER UPDATE ON documents REFERENCING NEW TABLE AS changed_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION bump_collection_versions();
+CREATE TRIGGER documents_deleted AFTER DELETE ON documents REFERENCING OLD TABLE AS changed_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION bump_collection_versions();
+""",
+    ),
 ]
 
 

@@ -53,6 +53,15 @@ Row = dict[str, Any]
 EXACT_SEARCH_MAX_CHUNKS = 2_000
 # Candidates the HNSW search keeps (pgvector's default is 40): at least this many, and 2 x top_k.
 MIN_EF_SEARCH = 200
+# An upsert of at least this many chunks (or any upsert inside bulk_load()) writes its documents, chunks and
+# keyword postings by binary COPY, a few statements per batch, instead of an INSERT per row.
+BULK_MIN_CHUNKS = 500
+# The HNSW build's memory (maintenance_work_mem): about this many bytes per chunk beyond its vector, so the
+# whole graph fits (pgvector builds far slower once it does not), within these bounds in MiB.
+HNSW_BUILD_BYTES_PER_CHUNK = 1024
+HNSW_BUILD_MEMORY_MB = (64, 8192)
+# Parallel workers the HNSW build may use (the server caps them with max_parallel_workers and by table size).
+HNSW_BUILD_WORKERS = 4
 
 
 def _now() -> str:
@@ -118,10 +127,79 @@ class PostgresStore:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection[Row]]:
-        """One write transaction on the thread's connection: commits on success, rolls back on error."""
+        """One write transaction on the thread's connection: commits on success, rolls back on error.
+
+        Nested calls are savepoints of the outermost. The HNSW index of a collection created inside is
+        built at the outermost one's end, after all its rows and before the commit: one build instead of
+        an insertion per row, and other connections never see the collection without its index.
+        """
         connection = self.connection()
-        with connection.transaction():
-            yield connection
+        depth: int = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        try:
+            with connection.transaction():
+                yield connection
+                if depth == 0:
+                    self._build_pending_indexes(connection)
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                self._local.pending_indexes = {}
+
+    @contextmanager
+    def bulk_load(self) -> Iterator[Connection[Row]]:
+        """One transaction for a large load (`iris-rag migrate`, bench_scale).
+
+        Every upsert inside writes by COPY whatever its size, and new collections get their HNSW index
+        once, after their rows.
+
+        Nothing of it is visible to other connections before the commit, and an error or interruption
+        rolls all of it back: no half collection. The index build holds a SHARE lock on the chunks table
+        until the commit: readers go on, other writers wait.
+        """
+        previous: bool = getattr(self._local, "bulk", False)
+        self._local.bulk = True
+        try:
+            with self.transaction() as connection:
+                yield connection
+        finally:
+            self._local.bulk = previous
+
+    def _pending_indexes(self) -> dict[str, int]:
+        pending: dict[str, int] | None = getattr(self._local, "pending_indexes", None)
+        if pending is None:
+            pending = self._local.pending_indexes = {}
+        return pending
+
+    def _build_pending_indexes(self, connection: Connection[Row]) -> None:
+        """The HNSW index of each collection created in this transaction (still there), after its rows."""
+        pending = self._pending_indexes()
+        for collection_id, dimension in pending.items():
+            row = connection.execute(
+                "SELECT t.chunks FROM collections c JOIN keyword_totals t ON t.collection_id = c.id "
+                "WHERE c.id = %s",
+                (collection_id,),
+            ).fetchone()
+            if row is None:  # rolled back to a savepoint, or deleted again
+                continue
+            low, high = HNSW_BUILD_MEMORY_MB
+            needed = int(row["chunks"]) * (4 * dimension + HNSW_BUILD_BYTES_PER_CHUNK) // 2**20
+            connection.execute(
+                sql.SQL("SET LOCAL maintenance_work_mem = {}").format(
+                    sql.Literal(f"{min(high, max(low, needed))}MB")
+                )
+            )
+            connection.execute(
+                sql.SQL("SET LOCAL max_parallel_maintenance_workers = {}").format(HNSW_BUILD_WORKERS)
+            )
+            connection.execute(
+                sql.SQL(
+                    "CREATE INDEX IF NOT EXISTS {} ON chunks USING hnsw "
+                    "((embedding::vector({})) vector_cosine_ops) WITH (ef_construction = 128) "
+                    "WHERE collection_id = {}"
+                ).format(sql.Identifier(_hnsw_index_name(collection_id)), int(dimension), collection_id)
+            )
+        pending.clear()
 
     @contextmanager
     def separate_connection(self) -> Iterator[Connection[Row]]:
@@ -179,7 +257,10 @@ class PostgresStore:
     def _insert_collection(
         self, connection: Connection[Row], collection_id: str, embedding_model: str, dimension: int
     ) -> None:
-        """The collection row, keyword totals and HNSW index, if absent (in the caller's transaction)."""
+        """The collection row and keyword totals, if absent (in the caller's transaction).
+
+        Its HNSW index comes at the end of the outermost transaction (_build_pending_indexes).
+        """
         now = _now()
         inserted = connection.execute(
             "INSERT INTO collections (id, embedding_model, dimension, created_at, updated_at)"
@@ -192,13 +273,7 @@ class PostgresStore:
         )
         if inserted:
             # A partial index over this collection's rows, at its dimension: searches name both.
-            connection.execute(
-                sql.SQL(
-                    "CREATE INDEX IF NOT EXISTS {} ON chunks USING hnsw "
-                    "((embedding::vector({})) vector_cosine_ops) WITH (ef_construction = 128) "
-                    "WHERE collection_id = {}"
-                ).format(sql.Identifier(_hnsw_index_name(collection_id)), int(dimension), collection_id)
-            )
+            self._pending_indexes()[collection_id] = int(dimension)
 
     def list_collections(self) -> list[CollectionInfo]:
         """Every collection with counts."""
@@ -234,7 +309,13 @@ class PostgresStore:
             connection.execute(
                 "SELECT 1 FROM keyword_totals WHERE collection_id = %s FOR UPDATE", (collection_id,)
             )
-            for document in documents:
+            ids = [document.id for document in documents]
+            bulk = (
+                getattr(self._local, "bulk", False)
+                or sum(len(d.chunks) for d in documents) >= BULK_MIN_CHUNKS
+            )
+            # A batch naming a document twice takes the row path (each replaces the one before).
+            for document in documents if not bulk or len(set(ids)) < len(ids) else []:
                 created = connection.execute(
                     "SELECT created_at FROM documents WHERE collection_id = %s AND id = %s",
                     (collection_id, document.id),
@@ -255,6 +336,8 @@ class PostgresStore:
                 )
                 self._insert_chunks(connection, collection_id, document)
                 written += len(document.chunks)
+            if bulk and len(set(ids)) == len(ids):
+                written = self._copy_documents(connection, collection_id, documents, now)
             for index in self._technique_indexes:
                 if prepared is not None and index.name in prepared:
                     index.write(collection_id, documents, prepared[index.name])
@@ -316,6 +399,126 @@ class PostgresStore:
                 totals[3] + content_length,
             ]
         self._add_totals(connection, collection_id, totals)
+
+    def _copy_documents(
+        self, connection: Connection[Row], collection_id: str, documents: list[DocumentInput], now: str
+    ) -> int:
+        """The documents, chunks and keyword postings by binary COPY.
+
+        The rows the row path writes, in the same order: chunk rows come from the sequence in document
+        and chunk order.
+        """
+        created = {
+            row["id"]: row["created_at"]
+            for row in connection.execute(
+                "SELECT id, created_at FROM documents WHERE collection_id = %s AND id = ANY(%s)",
+                (collection_id, [document.id for document in documents]),
+            ).fetchall()
+        }
+        for document_id in created:
+            self._delete_document_rows(connection, collection_id, document_id)
+        count = sum(len(document.chunks) for document in documents)
+        with connection.cursor(row_factory=tuple_row) as cursor:
+            row_ids = sorted(
+                int(row[0])
+                for row in cursor.execute(
+                    "SELECT nextval(pg_get_serial_sequence('chunks', 'row_id')) FROM generate_series(1, %s)",
+                    (count,),
+                )
+            )
+            frequencies = term_frequencies(
+                [text for d in documents for text in (d.title, *(chunk.content for chunk in d.chunks))]
+            )
+            with cursor.copy(
+                "COPY documents (collection_id, id, title, content, metadata, created_at, updated_at) "
+                "FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["text", "text", "text", "text", "jsonb", "text", "text"])
+                for document in documents:
+                    copy.write_row(
+                        (
+                            collection_id,
+                            document.id,
+                            document.title,
+                            document.content,
+                            Jsonb(document.metadata),
+                            created.get(document.id, now),
+                            now,
+                        )
+                    )
+            postings: list[tuple[str, str, int, int, int, int, int]] = []
+            totals = [0, 0, 0, 0]
+            with cursor.copy(
+                "COPY chunks (row_id, collection_id, document_id, chunk_id, chunk_index, content, "
+                "start_char, end_char, embedding, title_length, content_length, titled) "
+                "FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(
+                    [
+                        "int8",
+                        "text",
+                        "text",
+                        "text",
+                        "int4",
+                        "text",
+                        "int4",
+                        "int4",
+                        "vector",
+                        "int4",
+                        "int4",
+                        "bool",
+                    ]
+                )
+                position = 0
+                rows = iter(row_ids)
+                for document in documents:
+                    title_terms, title_length = frequencies[position]
+                    contents = frequencies[position + 1 : position + 1 + len(document.chunks)]
+                    position += 1 + len(document.chunks)
+                    titled = bool(document.title.strip())
+                    for chunk, (content_terms, content_length) in zip(document.chunks, contents, strict=True):
+                        row_id = next(rows)
+                        copy.write_row(
+                            (
+                                row_id,
+                                collection_id,
+                                document.id,
+                                chunk_id(document.id, chunk.index),
+                                chunk.index,
+                                chunk.content,
+                                chunk.start_char,
+                                chunk.end_char,
+                                Vector(np.asarray(chunk.vector, dtype=np.float32)),
+                                title_length,
+                                content_length,
+                                titled,
+                            )
+                        )
+                        postings.extend(
+                            (
+                                collection_id,
+                                term,
+                                row_id,
+                                title_terms[term],
+                                content_terms[term],
+                                title_length,
+                                content_length,
+                            )
+                            for term in sorted(title_terms.keys() | content_terms.keys())
+                        )
+                        totals[0] += 1
+                        totals[1] += int(titled)
+                        totals[2] += title_length
+                        totals[3] += content_length
+            with cursor.copy(
+                "COPY keyword_postings (collection_id, term, chunk_row, title_tf, content_tf, title_length, "
+                "content_length) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["text", "text", "int8", "int4", "int4", "int4", "int4"])
+                for posting in postings:
+                    copy.write_row(posting)
+        self._add_totals(connection, collection_id, totals)
+        return count
 
     @staticmethod
     def _add_totals(connection: Connection[Row], collection_id: str, totals: list[int]) -> None:
