@@ -314,6 +314,26 @@ CREATE TRIGGER documents_deleted AFTER DELETE ON documents REFERENCING OLD TABLE
     FOR EACH STATEMENT EXECUTE FUNCTION bump_collection_versions();
 """,
     ),
+    (
+        11,
+        "keyword terms: each term's chunk counts, kept in step by every write",
+        # The keyword leg's IDF without counting a frequent term's postings (a million rows at 1M chunks),
+        # and its bound on what those postings can add (MaxScore skips them where it cannot matter).
+        """
+CREATE TABLE keyword_terms (
+    collection_id  TEXT NOT NULL,
+    term           TEXT NOT NULL,
+    chunks         BIGINT NOT NULL,
+    title_chunks   BIGINT NOT NULL,
+    content_chunks BIGINT NOT NULL,
+    PRIMARY KEY (collection_id, term)
+);
+INSERT INTO keyword_terms
+    SELECT collection_id, term, COUNT(*), COUNT(*) FILTER (WHERE title_tf > 0),
+           COUNT(*) FILTER (WHERE content_tf > 0)
+    FROM keyword_postings GROUP BY collection_id, term;
+""",
+    ),
 ]
 
 

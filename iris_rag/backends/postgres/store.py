@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -18,7 +20,17 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
+from iris_rag.backends.common.bm25 import (
+    Postings,
+    TermCounts,
+    Totals,
+    bm25_bounds,
+    bm25_parts,
+    bm25_scores,
+    combine_parts,
+    query_stems,
+    term_frequencies,
+)
 from iris_rag.backends.postgres.filters import to_sql
 from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
@@ -62,6 +74,10 @@ HNSW_BUILD_BYTES_PER_CHUNK = 1024
 HNSW_BUILD_MEMORY_MB = (64, 8192)
 # Parallel workers the HNSW build may use (the server caps them with max_parallel_workers and by table size).
 HNSW_BUILD_WORKERS = 4
+# A keyword query whose terms have more postings than this in all is ranked by MaxScore: the postings of its
+# rarer terms are read whole, those of its frequent terms only for the chunks that can still reach the top
+# (keyword_terms' counts give the IDF and each term's bound). Below it every posting is read, as before.
+PRUNE_MIN_POSTINGS = 20_000
 
 
 def _now() -> str:
@@ -354,6 +370,7 @@ class PostgresStore:
         # As in FTS5's title table: a chunk of an untitled document is no row of the title field.
         titled = bool(document.title.strip())
         totals = [0, 0, 0, 0]
+        term_counts: dict[str, list[int]] = {}
         for chunk, (content_terms, content_length) in zip(document.chunks, contents, strict=True):
             row = connection.execute(
                 """INSERT INTO chunks (collection_id, document_id, chunk_id, chunk_index, content, start_char,
@@ -375,6 +392,7 @@ class PostgresStore:
             ).fetchone()
             assert row is not None
             terms = title_terms.keys() | content_terms.keys()
+            _count_terms(term_counts, terms, title_terms, content_terms)
             if terms:
                 with connection.cursor() as cursor:
                     cursor.executemany(
@@ -399,6 +417,7 @@ class PostgresStore:
                 totals[3] + content_length,
             ]
         self._add_totals(connection, collection_id, totals)
+        self._add_term_counts(connection, collection_id, term_counts)
 
     def _copy_documents(
         self, connection: Connection[Row], collection_id: str, documents: list[DocumentInput], now: str
@@ -448,6 +467,7 @@ class PostgresStore:
                     )
             postings: list[tuple[str, str, int, int, int, int, int]] = []
             totals = [0, 0, 0, 0]
+            term_counts: dict[str, list[int]] = {}
             with cursor.copy(
                 "COPY chunks (row_id, collection_id, document_id, chunk_id, chunk_index, content, "
                 "start_char, end_char, embedding, title_length, content_length, titled) "
@@ -494,6 +514,8 @@ class PostgresStore:
                                 titled,
                             )
                         )
+                        terms = title_terms.keys() | content_terms.keys()
+                        _count_terms(term_counts, terms, title_terms, content_terms)
                         postings.extend(
                             (
                                 collection_id,
@@ -504,7 +526,7 @@ class PostgresStore:
                                 title_length,
                                 content_length,
                             )
-                            for term in sorted(title_terms.keys() | content_terms.keys())
+                            for term in sorted(terms)
                         )
                         totals[0] += 1
                         totals[1] += int(titled)
@@ -518,7 +540,30 @@ class PostgresStore:
                 for posting in postings:
                     copy.write_row(posting)
         self._add_totals(connection, collection_id, totals)
+        self._add_term_counts(connection, collection_id, term_counts)
         return count
+
+    @staticmethod
+    def _add_term_counts(
+        connection: Connection[Row], collection_id: str, counts: dict[str, list[int]]
+    ) -> None:
+        """Add to keyword_terms' counts (chunks, title chunks, content chunks per term); drop terms at 0."""
+        if not counts:
+            return
+        terms = sorted(counts)
+        connection.execute(
+            """INSERT INTO keyword_terms AS k
+                   SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[])
+               ON CONFLICT (collection_id, term) DO UPDATE SET chunks = k.chunks + EXCLUDED.chunks,
+                   title_chunks = k.title_chunks + EXCLUDED.title_chunks,
+                   content_chunks = k.content_chunks + EXCLUDED.content_chunks""",
+            (collection_id, terms, *([counts[t][i] for t in terms] for i in range(3))),
+        )
+        if any(counts[t][0] < 0 for t in terms):
+            connection.execute(
+                "DELETE FROM keyword_terms WHERE collection_id = %s AND term = ANY(%s) AND chunks <= 0",
+                (collection_id, terms),
+            )
 
     @staticmethod
     def _add_totals(connection: Connection[Row], collection_id: str, totals: list[int]) -> None:
@@ -532,6 +577,22 @@ class PostgresStore:
     def _delete_document_rows(self, connection: Connection[Row], collection_id: str, document_id: str) -> int:
         for index in self._technique_indexes:
             index.delete(collection_id, document_id)
+        # The postings first (not by cascade), to take their terms off keyword_terms' counts.
+        with connection.cursor(row_factory=tuple_row) as cursor:
+            gone = cursor.execute(
+                """DELETE FROM keyword_postings WHERE chunk_row IN
+                       (SELECT row_id FROM chunks WHERE collection_id = %s AND document_id = %s)
+                   RETURNING term, title_tf > 0, content_tf > 0""",
+                (collection_id, document_id),
+            ).fetchall()
+        if gone:
+            term_counts: dict[str, list[int]] = {}
+            for term, in_title, in_content in gone:
+                counted = term_counts.setdefault(term, [0, 0, 0])
+                counted[0] -= 1
+                counted[1] -= int(in_title)
+                counted[2] -= int(in_content)
+            self._add_term_counts(connection, collection_id, term_counts)
         removed = connection.execute(
             """DELETE FROM chunks WHERE collection_id = %s AND document_id = %s
                RETURNING titled, title_length, content_length""",
@@ -611,6 +672,7 @@ class PostgresStore:
                     index.drop_collection(collection_id)
             connection.execute("DELETE FROM collections WHERE id = %s", (collection_id,))
             connection.execute("DELETE FROM keyword_totals WHERE collection_id = %s", (collection_id,))
+            connection.execute("DELETE FROM keyword_terms WHERE collection_id = %s", (collection_id,))
             connection.execute(
                 sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(_hnsw_index_name(collection_id)))
             )
@@ -798,26 +860,35 @@ class PostgresStore:
             ).fetchone()
             if totals_row is None:
                 return []
-            with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
-                rows = cursor.execute(_POSTINGS_SQL, (collection_id, list(stems))).fetchall()
+            counted = {
+                row["term"]: row
+                for row in connection.execute(
+                    "SELECT term, chunks, title_chunks, content_chunks FROM keyword_terms "
+                    "WHERE collection_id = %s AND term = ANY(%s) AND chunks > 0",
+                    (collection_id, list(stems)),
+                ).fetchall()
+            }
+            if not counted:
+                return []
             allowed = self._filtered_chunk_rows(connection, collection_id, metadata_filter)
-        if not rows:
-            return []
-        index = {term: i for i, term in enumerate(stems)}
-        postings = Postings(
-            term=np.concatenate([np.full(len(row[1]) // 8, index[row[0]], dtype=np.int64) for row in rows]),
-            chunk_row=_column(rows, 1, ">i8"),
-            title_tf=_column(rows, 2, ">i4").astype(np.float64),
-            content_tf=_column(rows, 3, ">i4").astype(np.float64),
-            title_length=_column(rows, 4, ">i4").astype(np.float64),
-            content_length=_column(rows, 5, ">i4").astype(np.float64),
-        )
-        weights = np.asarray(list(stems.values()), dtype=np.float64)
-        chunk_rows, scores = bm25_scores(
-            postings, weights, Totals(**totals_row), query.scoring, float(query.title_weight)
-        )
-        if allowed is not None:
-            keep = np.isin(chunk_rows, np.fromiter(allowed, dtype=np.int64, count=len(allowed)))
+            allowed_rows = (
+                None if allowed is None else np.fromiter(allowed, dtype=np.int64, count=len(allowed))
+            )
+            weights = np.asarray(list(stems.values()), dtype=np.float64)
+            totals = Totals(**totals_row)
+            if sum(int(row["chunks"]) for row in counted.values()) > PRUNE_MIN_POSTINGS:
+                chunk_rows, scores = self._max_score(
+                    connection, collection_id, stems, counted, totals, query, top_k, allowed_rows
+                )
+            else:
+                with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
+                    rows = cursor.execute(_POSTINGS_SQL, (collection_id, list(stems))).fetchall()
+                index = {term: i for i, term in enumerate(stems)}
+                chunk_rows, scores = bm25_scores(
+                    _postings(rows, index), weights, totals, query.scoring, float(query.title_weight)
+                )
+        if allowed_rows is not None:
+            keep = np.isin(chunk_rows, allowed_rows)
             chunk_rows, scores = chunk_rows[keep], scores[keep]
         # Best first; equal scores by chunk row (insertion order), as the SQL store did.
         order = np.lexsort((chunk_rows, -scores))[:top_k]
@@ -833,6 +904,76 @@ class PostgresStore:
             for row, score in zip(best, scores[order], strict=True)
             if row in ids
         ]
+
+    @staticmethod
+    def _max_score(
+        connection: Connection[Row],
+        collection_id: str,
+        stems: dict[str, int],
+        counted: dict[str, Row],
+        totals: Totals,
+        query: KeywordQuery,
+        top_k: int,
+        allowed: npt.NDArray[np.int64] | None,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Chunk rows and exact BM25 scores of a set of chunks holding the true top_k (MaxScore).
+
+        The terms are taken rarest first; each one's postings are read whole ("essential" terms). With
+        the rest bounded (bm25_bounds: what their postings can add at most), a chunk they alone hold
+        scores below that bound, and a chunk of the essential postings below its partial score plus that
+        bound. Once the bound of the rest is below the top_k-th partial score (a floor under the final
+        top_k-th score), only the chunks whose partial score plus the bound reaches that floor can rank:
+        the rest's postings are read for them alone, and their scores are exact. Otherwise the next
+        term is read whole, up to every term (then it is the unpruned ranking).
+        """
+        index = {term: i for i, term in enumerate(stems)}
+        weights = np.asarray(list(stems.values()), dtype=np.float64)
+
+        def column(field: str) -> npt.NDArray[np.float64]:
+            return np.asarray([float(counted[s][field]) if s in counted else 0.0 for s in stems])
+
+        counts = TermCounts(column("chunks"), column("title_chunks"), column("content_chunks"))
+        scoring, title_weight = query.scoring, float(query.title_weight)
+        title_bound, content_bound = bm25_bounds(weights, totals, scoring, title_weight, counts)
+        terms = sorted(counted, key=lambda term: (int(counted[term]["chunks"]), term))
+        read: list[tuple[Any, ...]] = []
+        with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
+            for essential in range(1, len(terms) + 1):
+                read += cursor.execute(_POSTINGS_SQL, (collection_id, [terms[essential - 1]])).fetchall()
+                postings = _postings(read, index)
+                rows, title, content = bm25_parts(postings, weights, totals, scoring, title_weight, counts)
+                rest = [index[term] for term in terms[essential:]]
+                if not rest:
+                    break
+                if allowed is not None:
+                    keep = np.isin(rows, allowed)
+                    rows, title, content = rows[keep], title[keep], content[keep]
+                if len(rows) < top_k:
+                    continue
+                partial = combine_parts(title, content, scoring)
+                floor = np.partition(partial, len(partial) - top_k)[len(partial) - top_k]
+                rest_title, rest_content = float(title_bound[rest].sum()), float(content_bound[rest].sum())
+                alone = combine_parts(np.array([rest_title]), np.array([rest_content]), scoring)[0]
+                if alone >= floor:
+                    continue
+                hopeful = rows[combine_parts(title + rest_title, content + rest_content, scoring) >= floor]
+                more = cursor.execute(
+                    _POSTINGS_OF_CHUNKS_SQL,
+                    (collection_id, [terms[i] for i in range(essential, len(terms))], hopeful.tolist()),
+                ).fetchall()
+                whole = _postings(read + more, index)
+                keep = np.isin(whole.chunk_row, hopeful)
+                rows, title, content = bm25_parts(
+                    Postings(*(getattr(whole, f.name)[keep] for f in fields(Postings))),
+                    weights,
+                    totals,
+                    scoring,
+                    title_weight,
+                    counts,
+                )
+                return rows, combine_parts(title, content, scoring)
+        # Every term read whole: the unpruned ranking.
+        return rows, combine_parts(title, content, scoring)
 
     @staticmethod
     def _filtered_chunk_rows(
@@ -855,8 +996,7 @@ class PostgresStore:
         rows = (
             self.connection()
             .execute(
-                "SELECT term, COUNT(*) AS chunks FROM keyword_postings "
-                "WHERE collection_id = %s GROUP BY term",
+                "SELECT term, chunks FROM keyword_terms WHERE collection_id = %s AND chunks > 0",
                 (collection_id,),
             )
             .fetchall()
@@ -982,6 +1122,40 @@ SELECT term, string_agg(int8send(chunk_row), ''::bytea), string_agg(int4send(tit
        string_agg(int4send(content_tf), ''::bytea), string_agg(int4send(title_length), ''::bytea),
        string_agg(int4send(content_length), ''::bytea)
 FROM keyword_postings WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"""
+# The same, only for the given chunks (MaxScore's frequent terms, for the chunks still in the running).
+_POSTINGS_OF_CHUNKS_SQL = _POSTINGS_SQL.replace("GROUP BY", "AND chunk_row = ANY(%s) GROUP BY")
+
+
+def _count_terms(
+    counts: dict[str, list[int]], terms: Iterable[str], title_terms: Counter[str], content_terms: Counter[str]
+) -> None:
+    """Count one chunk's terms into keyword_terms' deltas: the chunk, and the fields holding each."""
+    for term in terms:
+        counted = counts.setdefault(term, [0, 0, 0])
+        counted[0] += 1
+        counted[1] += int(title_terms[term] > 0)
+        counted[2] += int(content_terms[term] > 0)
+
+
+def _postings(rows: list[tuple[Any, ...]], index: dict[str, int]) -> Postings:
+    """_POSTINGS_SQL's rows (a term each, its columns packed) as parallel arrays; terms by `index`.
+
+    In the query's term order, whatever order the rows came in: each chunk's score then adds its terms
+    in one order (the float sum, and so the order of near ties, does not depend on the plan or on which
+    terms MaxScore read first).
+    """
+    rows = sorted(rows, key=lambda row: index[row[0]])
+    return Postings(
+        term=np.concatenate(
+            [np.full(len(row[1]) // 8, index[row[0]], dtype=np.int64) for row in rows]
+            or [np.zeros(0, dtype=np.int64)]
+        ),
+        chunk_row=_column(rows, 1, ">i8"),
+        title_tf=_column(rows, 2, ">i4").astype(np.float64),
+        content_tf=_column(rows, 3, ">i4").astype(np.float64),
+        title_length=_column(rows, 4, ">i4").astype(np.float64),
+        content_length=_column(rows, 5, ">i4").astype(np.float64),
+    )
 
 
 def _column(rows: list[tuple[Any, ...]], position: int, dtype: str) -> npt.NDArray[np.int64]:
