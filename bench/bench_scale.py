@@ -322,6 +322,19 @@ def unpruned_keywords() -> Iterator[None]:
         store.PRUNE_MIN_CHUNKS = threshold
 
 
+@contextmanager
+def unpruned_postgres_keywords() -> Iterator[None]:
+    """Postgres's keyword leg reads every posting of the query's terms while inside (no MaxScore)."""
+    from iris_rag.backends.postgres import store
+
+    threshold = store.PRUNE_MIN_POSTINGS
+    store.PRUNE_MIN_POSTINGS = sys.maxsize
+    try:
+        yield
+    finally:
+        store.PRUNE_MIN_POSTINGS = threshold
+
+
 def exact_top10(chunks: int, queries: npt.NDArray[np.float32]) -> list[list[str]]:
     """The exact top 10 chunk ids of each query over the collection's vectors, regenerated from the seed."""
     corpus = read_jsonl(SCIFACT / "corpus.jsonl")
@@ -391,14 +404,16 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
             timings: dict[str, list[float]] = {}
             for number, query in enumerate(queries):
                 keyword_query = KeywordQuery.of(query_terms(query), 1.0, scoring)
-                # SQLite's flat leg: pruned (the default) and unpruned, alternating in this same run.
+                # SQLite's flat leg, Postgres's both: pruned (the default) and unpruned, alternating in
+                # this same run.
                 modes = (
                     [scoring, f"{scoring}_unpruned"]
-                    if backend == "sqlite" and scoring == "flat"
+                    if (backend == "sqlite" and scoring == "flat") or backend == "postgres"
                     else [scoring]
                 )
+                unpruned = unpruned_postgres_keywords if backend == "postgres" else unpruned_keywords
                 for mode in modes if number % 2 == 0 else modes[::-1]:
-                    with unpruned_keywords() if mode.endswith("unpruned") else nullcontext():
+                    with unpruned() if mode.endswith("unpruned") else nullcontext():
                         start = time.perf_counter()
                         service.store.keyword_search(collection, keyword_query, 50)
                         timings.setdefault(mode, []).append((time.perf_counter() - start) * 1000)

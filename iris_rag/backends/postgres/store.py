@@ -537,6 +537,7 @@ class PostgresStore:
                 "content_length) FROM STDIN (FORMAT BINARY)"
             ) as copy:
                 copy.set_types(["text", "text", "int8", "int4", "int4", "int4", "int4"])
+                postings.sort()  # in index order: the primary key grows in runs, not at random
                 for posting in postings:
                     copy.write_row(posting)
         self._add_totals(connection, collection_id, totals)
