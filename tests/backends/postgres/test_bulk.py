@@ -122,6 +122,15 @@ def test_a_bulk_load_equals_the_row_by_row_load(
         assert not _has_index(store, "bulk")  # built at the end, after the rows
     assert seen == [False, False, False]
     assert _has_index(store, "bulk")
+    vacuumed = (
+        store.connection()
+        .execute(
+            "SELECT last_vacuum IS NOT NULL AS done FROM pg_stat_user_tables "
+            "WHERE relname = 'keyword_postings'"
+        )
+        .fetchone()
+    )
+    assert vacuumed == {"done": True}
     assert _rows(store, "bulk") == _rows(store, "rows")
     assert len(_rows(store, "bulk")["postings"]) > 10_000
 
