@@ -16,6 +16,7 @@ import numpy.typing as npt
 from pgvector import Vector
 from pgvector.psycopg import register_vector
 from psycopg import Connection, sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -114,6 +115,7 @@ class PostgresStore:
         self._pinned_lock = threading.Lock()
         self._technique_indexes: list[TechniqueIndex] = []
         self._technique_storage: dict[type[Any], object] = {}
+        self._document_counts: dict[str, tuple[int, int]] = {}  # collection: (data version, documents)
         with self._pool.connection() as connection:
             migrate(connection)
             # The vector type exists only now (first migration): register its adapters afterwards.
@@ -267,9 +269,27 @@ class PostgresStore:
 
     # Collections
     def get_collection(self, collection_id: str) -> CollectionInfo | None:
-        """The collection with counts, or None."""
-        row = self.connection().execute(f"{_COLLECTION_SELECT} WHERE c.id = %s", (collection_id,)).fetchone()
-        return collection_info(row) if row else None
+        """The collection with counts, or None.
+
+        Its document count is remembered per data version (which every committed write of a document row
+        moves on, in any process): counting 50,000 documents on every request took 10-80 ms at 100K
+        chunks. Inside a transaction (whose writes may yet roll back) it is counted, never remembered.
+        """
+        connection = self.connection()
+        remembered = self._document_counts.get(collection_id)
+        outside = connection.info.transaction_status == TransactionStatus.IDLE
+        if remembered is not None and outside:
+            row = connection.execute(f"{_COLLECTION_ROW_SELECT} WHERE c.id = %s", (collection_id,)).fetchone()
+            if row is None:
+                return None
+            if row["version"] == remembered[0]:
+                return collection_info({**row, "document_count": remembered[1]})
+        row = connection.execute(f"{_COLLECTION_SELECT} WHERE c.id = %s", (collection_id,)).fetchone()
+        if row is None:
+            return None
+        if outside:
+            self._document_counts[collection_id] = (int(row["version"]), int(row["document_count"]))
+        return collection_info(row)
 
     def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
         """Create the collection if absent and return it."""
@@ -1194,6 +1214,11 @@ def _column(rows: list[tuple[Any, ...]], position: int, dtype: str) -> npt.NDArr
 _CHUNK_SELECT = """
     SELECT k.chunk_id, k.document_id, k.chunk_index, k.content, k.start_char, k.end_char, d.title, d.metadata
     FROM chunks k JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id"""
+_COLLECTION_ROW_SELECT = """
+    SELECT c.*,
+           COALESCE((SELECT t.chunks FROM keyword_totals t WHERE t.collection_id = c.id), 0) AS chunk_count,
+           COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
+    FROM collections c"""
 _COLLECTION_SELECT = """
     SELECT c.*,
            (SELECT COUNT(*) FROM documents d WHERE d.collection_id = c.id) AS document_count,

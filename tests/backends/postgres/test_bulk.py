@@ -247,3 +247,39 @@ def test_an_interrupted_migrate_leaves_no_half_collection_in_postgres(
         store.connection().execute("SELECT COUNT(*) AS n FROM chunks WHERE collection_id = 'docs'").fetchone()
     )
     assert row == {"n": 0}
+
+
+def test_document_counts_follow_every_write_of_any_store(store: PostgresStore, postgres_url: str) -> None:
+    """get_collection remembers the document count per data version: never a stale or rolled-back one."""
+    documents = _documents(12)
+    store.upsert_documents("c", documents[:5], new_collection=NEW)
+    other = PostgresStore(postgres_url)
+    try:
+        assert store.get_collection("c") == other.get_collection("c")
+        info = store.get_collection("c")
+        assert info is not None and info.document_count == 5
+        other.upsert_documents("c", documents[5:7])
+        assert store.get_collection("c").document_count == 7  # type: ignore[union-attr]
+        other.delete_document("c", documents[0].id)
+        assert store.get_collection("c").document_count == 6  # type: ignore[union-attr]
+        # Inside a transaction that rolls back: its own rows counted, nothing remembered of them. Two new
+        # documents move the version on by two; so does another store's replacement of one document
+        # after the rollback: the same version number, another count.
+        version = store.data_version("c")
+        with pytest.raises(RuntimeError), store.transaction():
+            store.upsert_documents("c", documents[7:9])
+            assert store.get_collection("c").document_count == 8  # type: ignore[union-attr]
+            assert store.data_version("c") == version + 2
+            raise RuntimeError
+        other.upsert_documents("c", _documents(2, seed=4)[1:])
+        assert store.data_version("c") == version + 2
+        assert store.get_collection("c").document_count == 6  # type: ignore[union-attr]
+        other.upsert_documents("c", documents[10:11])
+        assert store.get_collection("c").document_count == 7  # type: ignore[union-attr]
+        assert store.get_collection("c") == other.get_collection("c")
+        store.delete_collection("c")
+        assert store.get_collection("c") is None
+        store.upsert_documents("c", documents[:2], new_collection=NEW)
+        assert store.get_collection("c").document_count == 2  # type: ignore[union-attr]
+    finally:
+        other.close()
