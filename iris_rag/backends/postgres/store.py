@@ -16,7 +16,6 @@ import numpy.typing as npt
 from pgvector import Vector
 from pgvector.psycopg import register_vector
 from psycopg import Connection, sql
-from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -115,7 +114,6 @@ class PostgresStore:
         self._pinned_lock = threading.Lock()
         self._technique_indexes: list[TechniqueIndex] = []
         self._technique_storage: dict[type[Any], object] = {}
-        self._document_counts: dict[str, tuple[int, int]] = {}  # collection: (data version, documents)
         with self._pool.connection() as connection:
             migrate(connection)
             # The vector type exists only now (first migration): register its adapters afterwards.
@@ -269,27 +267,9 @@ class PostgresStore:
 
     # Collections
     def get_collection(self, collection_id: str) -> CollectionInfo | None:
-        """The collection with counts, or None.
-
-        Its document count is remembered per data version (which every committed write of a document row
-        moves on, in any process): counting 50,000 documents on every request took 10-80 ms at 100K
-        chunks. Inside a transaction (whose writes may yet roll back) it is counted, never remembered.
-        """
-        connection = self.connection()
-        remembered = self._document_counts.get(collection_id)
-        outside = connection.info.transaction_status == TransactionStatus.IDLE
-        if remembered is not None and outside:
-            row = connection.execute(f"{_COLLECTION_ROW_SELECT} WHERE c.id = %s", (collection_id,)).fetchone()
-            if row is None:
-                return None
-            if row["version"] == remembered[0]:
-                return collection_info({**row, "document_count": remembered[1]})
-        row = connection.execute(f"{_COLLECTION_SELECT} WHERE c.id = %s", (collection_id,)).fetchone()
-        if row is None:
-            return None
-        if outside:
-            self._document_counts[collection_id] = (int(row["version"]), int(row["document_count"]))
-        return collection_info(row)
+        """The collection with counts, or None."""
+        row = self.connection().execute(f"{_COLLECTION_SELECT} WHERE c.id = %s", (collection_id,)).fetchone()
+        return collection_info(row) if row else None
 
     def create_collection(self, collection_id: str, embedding_model: str, dimension: int) -> CollectionInfo:
         """Create the collection if absent and return it."""
@@ -313,7 +293,7 @@ class PostgresStore:
             (collection_id, embedding_model, dimension, now, now),
         ).rowcount
         connection.execute(
-            "INSERT INTO keyword_totals VALUES (%s, 0, 0, 0, 0) ON CONFLICT (collection_id) DO NOTHING",
+            "INSERT INTO keyword_totals VALUES (%s, 0, 0, 0, 0, 0) ON CONFLICT (collection_id) DO NOTHING",
             (collection_id,),
         )
         if inserted:
@@ -445,7 +425,7 @@ class PostgresStore:
                 totals[2] + title_length,
                 totals[3] + content_length,
             ]
-        self._add_totals(connection, collection_id, totals)
+        self._add_totals(connection, collection_id, totals, documents=1)
         self._add_term_counts(connection, collection_id, term_counts)
 
     def _copy_documents(
@@ -569,7 +549,7 @@ class PostgresStore:
                 postings.sort()  # in index order: the primary key grows in runs, not at random
                 for posting in postings:
                     copy.write_row(posting)
-        self._add_totals(connection, collection_id, totals)
+        self._add_totals(connection, collection_id, totals, documents=len(documents))
         self._add_term_counts(connection, collection_id, term_counts)
         return count
 
@@ -596,12 +576,15 @@ class PostgresStore:
             )
 
     @staticmethod
-    def _add_totals(connection: Connection[Row], collection_id: str, totals: list[int]) -> None:
+    def _add_totals(
+        connection: Connection[Row], collection_id: str, totals: list[int], documents: int = 0
+    ) -> None:
         connection.execute(
             """UPDATE keyword_totals SET chunks = chunks + %s, titled_chunks = titled_chunks + %s,
-                   title_tokens = title_tokens + %s, content_tokens = content_tokens + %s
+                   title_tokens = title_tokens + %s, content_tokens = content_tokens + %s,
+                   documents = documents + %s
                WHERE collection_id = %s""",
-            (*totals, collection_id),
+            (*totals, documents, collection_id),
         )
 
     def _delete_document_rows(self, connection: Connection[Row], collection_id: str, document_id: str) -> int:
@@ -628,7 +611,10 @@ class PostgresStore:
                RETURNING titled, title_length, content_length""",
             (collection_id, document_id),
         ).fetchall()
-        if removed:
+        deleted = connection.execute(
+            "DELETE FROM documents WHERE collection_id = %s AND id = %s", (collection_id, document_id)
+        ).rowcount
+        if removed or deleted:
             self._add_totals(
                 connection,
                 collection_id,
@@ -638,10 +624,9 @@ class PostgresStore:
                     -sum(r["title_length"] for r in removed),
                     -sum(r["content_length"] for r in removed),
                 ],
+                documents=-deleted,
             )
-        return connection.execute(
-            "DELETE FROM documents WHERE collection_id = %s AND id = %s", (collection_id, document_id)
-        ).rowcount
+        return deleted
 
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document and its chunks; False if it was absent."""
@@ -1214,15 +1199,12 @@ def _column(rows: list[tuple[Any, ...]], position: int, dtype: str) -> npt.NDArr
 _CHUNK_SELECT = """
     SELECT k.chunk_id, k.document_id, k.chunk_index, k.content, k.start_char, k.end_char, d.title, d.metadata
     FROM chunks k JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id"""
-_COLLECTION_ROW_SELECT = """
-    SELECT c.*,
-           COALESCE((SELECT t.chunks FROM keyword_totals t WHERE t.collection_id = c.id), 0) AS chunk_count,
-           COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
-    FROM collections c"""
 _COLLECTION_SELECT = """
     SELECT c.*,
-           (SELECT COUNT(*) FROM documents d WHERE d.collection_id = c.id) AS document_count,
-           -- kept in step by every write: counting the chunks took a millisecond per call at 5,000
+           -- kept in step by every write: counting the chunks took a millisecond per call at 5,000, the
+           -- documents 10-160 ms at 50,000
+           COALESCE((SELECT t.documents FROM keyword_totals t WHERE t.collection_id = c.id), 0)
+               AS document_count,
            COALESCE((SELECT t.chunks FROM keyword_totals t WHERE t.collection_id = c.id), 0) AS chunk_count,
            COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
     FROM collections c"""

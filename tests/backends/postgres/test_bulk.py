@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import psycopg
 import pytest
 
 from iris_rag import migration
@@ -250,7 +251,7 @@ def test_an_interrupted_migrate_leaves_no_half_collection_in_postgres(
 
 
 def test_document_counts_follow_every_write_of_any_store(store: PostgresStore, postgres_url: str) -> None:
-    """get_collection remembers the document count per data version: never a stale or rolled-back one."""
+    """get_collection's document count (kept in keyword_totals by each write): never stale or rolled back."""
     documents = _documents(12)
     store.upsert_documents("c", documents[:5], new_collection=NEW)
     other = PostgresStore(postgres_url)
@@ -283,3 +284,12 @@ def test_document_counts_follow_every_write_of_any_store(store: PostgresStore, p
         assert store.get_collection("c").document_count == 2  # type: ignore[union-attr]
     finally:
         other.close()
+    # A database from before migration 12 gets the counts from its documents.
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        connection.execute("ALTER TABLE keyword_totals DROP COLUMN documents")
+        connection.execute("DELETE FROM schema_migrations WHERE version = 12")
+    upgraded = PostgresStore(postgres_url)
+    try:
+        assert upgraded.get_collection("c").document_count == 2  # type: ignore[union-attr]
+    finally:
+        upgraded.close()
