@@ -1019,15 +1019,13 @@ class PostgresStore:
 
     def term_document_counts(self, collection_id: str) -> dict[str, int]:
         """Every (stemmed) term of the collection's keyword index with the number of chunks holding it."""
-        rows = (
-            self.connection()
-            .execute(
+        # keyword_terms' counts (a row per term: tens of thousands), as plain tuples.
+        with self.connection().cursor(row_factory=tuple_row) as cursor:
+            rows = cursor.execute(
                 "SELECT term, chunks FROM keyword_terms WHERE collection_id = %s AND chunks > 0",
                 (collection_id,),
-            )
-            .fetchall()
-        )
-        return {row["term"]: int(row["chunks"]) for row in rows}
+            ).fetchall()
+        return {term: int(chunks) for term, chunks in rows}
 
     def matching_document_ids(self, collection_id: str, metadata_filter: MetadataFilter) -> set[str]:
         """Ids of the collection's documents whose metadata passes the filter."""
