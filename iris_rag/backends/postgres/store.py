@@ -16,6 +16,7 @@ import numpy.typing as npt
 from pgvector import Vector
 from pgvector.psycopg import register_vector
 from psycopg import Connection, sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -187,7 +188,8 @@ class PostgresStore:
                 yield connection
         finally:
             self._local.bulk = previous
-        if outermost:
+        # (Not inside a transaction the caller opened on the connection itself: VACUUM cannot run there.)
+        if outermost and connection.info.transaction_status == TransactionStatus.IDLE:
             connection.execute("VACUUM (ANALYZE) chunks, documents, keyword_postings, keyword_terms")
 
     def _pending_indexes(self) -> dict[str, int]:

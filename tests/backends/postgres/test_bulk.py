@@ -293,3 +293,10 @@ def test_document_counts_follow_every_write_of_any_store(store: PostgresStore, p
         assert upgraded.get_collection("c").document_count == 2  # type: ignore[union-attr]
     finally:
         upgraded.close()
+
+
+def test_a_bulk_load_inside_a_transaction_of_the_caller(store: PostgresStore) -> None:
+    """No VACUUM inside the caller's own transaction block (it would fail there); the index still comes."""
+    with store.connection().transaction(), store.bulk_load():
+        store.upsert_documents("c", _documents(5), new_collection=NEW)
+    assert _has_index(store, "c") and store.chunk_count("c") == 10
