@@ -72,7 +72,12 @@ def _rows(store: PostgresStore, collection_id: str) -> dict[str, Any]:
         "WHERE collection_id = %s",
         (collection_id,),
     ).fetchone()
-    return {"documents": documents, "chunks": chunks, "postings": postings, "totals": totals}
+    terms = connection.execute(
+        "SELECT term, chunks, title_chunks, content_chunks FROM keyword_terms WHERE collection_id = %s "
+        "ORDER BY term",
+        (collection_id,),
+    ).fetchall()
+    return {"documents": documents, "chunks": chunks, "postings": postings, "totals": totals, "terms": terms}
 
 
 def _has_index(store: PostgresStore, collection_id: str) -> bool:
