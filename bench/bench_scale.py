@@ -167,8 +167,33 @@ def disk_bytes(service: RagService) -> int:
     return int(stats["database_bytes"])
 
 
-def build(backend: str, postgres_url: str | None, chunks: int) -> dict[str, Any]:
-    """Write the collection unless it is there already: seconds, chunks per second and disk size."""
+def postgres_sizes(service: RagService, collection: str) -> dict[str, int]:
+    """Where the Postgres bytes are: the tables with their indexes, and the collection's HNSW index."""
+    from iris_rag.backends.postgres.store import _hnsw_index_name
+
+    row = (
+        service.store.connection()  # type: ignore[attr-defined]
+        .execute(
+            "SELECT pg_total_relation_size('chunks') AS chunks_with_indexes, "
+            "pg_total_relation_size('keyword_postings') AS keyword_postings_with_indexes, "
+            "pg_total_relation_size('documents') AS documents_with_indexes, "
+            "COALESCE(pg_relation_size(to_regclass(%s)), 0) AS hnsw_index",
+            (_hnsw_index_name(collection),),
+        )
+        .fetchone()
+    )
+    return {f"{name}_bytes": int(value) for name, value in row.items()}
+
+
+def build(
+    backend: str, postgres_url: str | None, chunks: int, postgres_write: str = "bulk"
+) -> dict[str, Any]:
+    """Write the collection unless it is there already: seconds, chunks per second and disk size.
+
+    Postgres, postgres_write "bulk": the whole build in one PostgresStore.bulk_load() (COPY, the HNSW index
+    built once after the rows, before the commit); "rows": each batch its own upsert by INSERT per row,
+    the HNSW index made after the first batch and then grown row by row (the write path before the bulk one).
+    """
     service = service_for(backend, postgres_url)
     collection = collection_name(chunks)
     try:
@@ -181,19 +206,37 @@ def build(backend: str, postgres_url: str | None, chunks: int) -> dict[str, Any]
         service.embedder.wait_ready()
         base = base_vectors(service, corpus)
         new = NewCollection(service.settings.embedding_model, int(base.shape[1]))
+        writing: Any = nullcontext()
+        postgres: dict[str, Any] = {}
+        if backend == "postgres":
+            from iris_rag.backends.postgres import store as postgres_store
+
+            postgres["postgres_write"] = postgres_write
+            if postgres_write == "bulk":
+                writing = service.store.bulk_load()  # type: ignore[attr-defined]
+            else:
+                postgres_store.BULK_MIN_CHUNKS = sys.maxsize
         start = time.perf_counter()
         written = 0
-        for batch, _ in synthetic_documents(corpus, base, chunks):
-            written += service.store.upsert_documents(collection, batch, new_collection=new)
-            if written % 20_000 == 0:
-                elapsed = time.perf_counter() - start
-                print(f"{backend}: {written}/{chunks} chunks, {elapsed:.0f} s", file=sys.stderr)
+        with writing:
+            for batch, _ in synthetic_documents(corpus, base, chunks):
+                written += service.store.upsert_documents(collection, batch, new_collection=new)
+                if written % 20_000 == 0:
+                    elapsed = time.perf_counter() - start
+                    print(f"{backend}: {written}/{chunks} chunks, {elapsed:.0f} s", file=sys.stderr)
+            rows_s = time.perf_counter() - start
         seconds = time.perf_counter() - start
+        if postgres_write == "bulk" and backend == "postgres":
+            # The rows (COPY), then the HNSW build and the commit at the bulk load's end.
+            postgres["rows_s"] = round(rows_s, 1)
+            postgres["index_build_and_commit_s"] = round(seconds - rows_s, 1)
         return {
             "reused": False,
             "build_s": round(seconds, 1),
             "chunks_per_s": round(written / seconds, 1),
+            **postgres,
             "disk_bytes": disk_bytes(service),
+            **(postgres_sizes(service, collection) if backend == "postgres" else {}),
         }
     finally:
         service.close()
@@ -531,6 +574,19 @@ def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
         service.close()
 
 
+@contextmanager
+def unpruned_postgres_keywords() -> Iterator[None]:
+    """Postgres's keyword leg reads every posting of the query's terms while inside (no MaxScore)."""
+    from iris_rag.backends.postgres import store
+
+    threshold = store.PRUNE_MIN_POSTINGS
+    store.PRUNE_MIN_POSTINGS = sys.maxsize
+    try:
+        yield
+    finally:
+        store.PRUNE_MIN_POSTINGS = threshold
+
+
 def exact_top10(chunks: int, queries: npt.NDArray[np.float32]) -> list[list[str]]:
     """The exact top 10 chunk ids of each query over the collection's vectors, regenerated from the seed."""
     corpus = read_jsonl(SCIFACT / "corpus.jsonl")
@@ -603,14 +659,16 @@ def measure(backend: str, postgres_url: str | None, chunks: int, queries_limit: 
             timings: dict[str, list[float]] = {}
             for number, query in enumerate(queries):
                 keyword_query = KeywordQuery.of(query_terms(query), 1.0, scoring)
-                # SQLite's flat leg: the default (postings once loaded) and FTS5 unpruned, alternating.
+                # SQLite's flat leg: the default (postings once loaded) and FTS5 unpruned; Postgres's
+                # both scorings: pruned (the default) and unpruned; alternating in this same run.
                 modes = (
                     [scoring, f"{scoring}_unpruned"]
-                    if backend == "sqlite" and scoring == "flat"
+                    if (backend == "sqlite" and scoring == "flat") or backend == "postgres"
                     else [scoring]
                 )
+                unpruned = unpruned_postgres_keywords if backend == "postgres" else unpruned_keywords
                 for mode in modes if number % 2 == 0 else modes[::-1]:
-                    with unpruned_keywords() if mode.endswith("unpruned") else nullcontext():
+                    with unpruned() if mode.endswith("unpruned") else nullcontext():
                         start = time.perf_counter()
                         service.store.keyword_search(collection, keyword_query, 50)
                         timings.setdefault(mode, []).append((time.perf_counter() - start) * 1000)
@@ -724,6 +782,12 @@ def main() -> None:
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--queries-limit", type=int, default=200)
     parser.add_argument("--postgres-url", default=None)
+    parser.add_argument(
+        "--postgres-write",
+        choices=("bulk", "rows"),
+        default="bulk",
+        help="Postgres build: one bulk load (COPY, HNSW after the rows) or an INSERT per row",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--phase", choices=("all", "query"), default="all", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -762,7 +826,7 @@ def main() -> None:
     result: dict[str, Any] = {"machine": machine(), "chunks": args.chunks, "backends": {}}
     for backend in args.backends.split(","):
         postgres_url = (args.postgres_url or local_postgres()) if backend == "postgres" else None
-        figures = build(backend, postgres_url, args.chunks)
+        figures = build(backend, postgres_url, args.chunks, args.postgres_write)
         command = [
             sys.executable,
             "-m",

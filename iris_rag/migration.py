@@ -6,17 +6,18 @@ stored vectors, and every technique's rows (ColBERT's token codes and word-piece
 trees with their leaf vectors, GraphRAG's graph with its entity-name vectors, SQL-RAG's documents view).
 Each collection is copied in one transaction of the target: it appears whole or not at all. A collection
 the target already holds is refused unless `replace` is asked for, and then it is replaced in that same
-transaction.
+transaction. A target with a bulk write path (PostgreSQL: COPY, the HNSW index built once after the rows)
+takes the copy through it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +48,20 @@ T = TypeVar("T")
 
 # Documents read, and written, per step: bounds memory on large collections.
 BATCH = 256
+
+
+@runtime_checkable
+class BulkLoading(Protocol):
+    """A store with a bulk write path: one transaction in which every upsert is a bulk write."""
+
+    def bulk_load(self) -> AbstractContextManager[Any]:
+        """The transaction (PostgresStore.bulk_load)."""
+        ...
+
+
+def _load_transaction(target: DocumentStore) -> AbstractContextManager[Any]:
+    """The target's bulk load where it has one, else its plain transaction."""
+    return target.bulk_load() if isinstance(target, BulkLoading) else target.transaction()
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +199,7 @@ def _copy_collection(
     assert info is not None
     report = CollectionCopy(collection_id, replaced=replace)
     document_ids = source.document_ids(collection_id)
-    with target.transaction():
+    with _load_transaction(target):
         if replace:
             _drop_technique_rows(target, collection_id)
             target.delete_collection(collection_id)

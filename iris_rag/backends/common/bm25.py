@@ -173,3 +173,89 @@ def bm25_scores(
         weight * _bm25(postings.content_tf, postings.content_length, content_average, content_idf)
     )
     return chunk_rows, np.maximum(title, content) + 0.5 * np.minimum(title, content)
+
+
+# Exact top-k without every posting (MaxScore): the parts of the score kept apart, IDF from stored counts,
+# and each term's most a chunk can gain from it.
+
+
+@dataclass(frozen=True, slots=True)
+class TermCounts:
+    """Each query stem's chunk counts, as a store keeps them at write time (parallel arrays by stem)."""
+
+    chunks: npt.NDArray[np.float64]  # chunks holding the term in either field
+    title_chunks: npt.NDArray[np.float64]  # ... in their document's title
+    content_chunks: npt.NDArray[np.float64]  # ... in their own text
+
+
+def _term_idfs(
+    counts: TermCounts, totals: Totals, scoring: str
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(title IDF, content IDF) per stem; flat scoring has one IDF, returned as the content one."""
+    if scoring == "flat":
+        return np.zeros(len(counts.chunks)), _idf(totals.chunks, counts.chunks)
+    return _idf(totals.titled_chunks, counts.title_chunks), _idf(totals.chunks, counts.content_chunks)
+
+
+def bm25_parts(
+    postings: Postings,
+    weights: npt.NDArray[np.float64],
+    totals: Totals,
+    scoring: str,
+    title_weight: float,
+    counts: TermCounts,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Each chunk's (title part, content part) over the given postings, IDF from `counts`.
+
+    combine_parts() of the parts over all of a query's postings is bm25_scores(); over some of its terms,
+    the sums over those terms. flat: the title part is 0 and the content part is the flat score.
+    """
+    chunk_rows, chunk_of = np.unique(postings.chunk_row, return_inverse=True)
+    weight = weights[postings.term]
+    title_idf, content_idf = _term_idfs(counts, totals, scoring)
+
+    def per_chunk(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        return np.bincount(chunk_of, weights=values, minlength=len(chunk_rows)).astype(np.float64)
+
+    if scoring == "flat":
+        tf = title_weight * postings.title_tf + postings.content_tf
+        average = (totals.title_tokens + totals.content_tokens) / totals.chunks if totals.chunks else 0.0
+        length = postings.title_length + postings.content_length
+        flat = per_chunk(weight * _bm25(tf, length, average, content_idf[postings.term]))
+        return chunk_rows, np.zeros(len(chunk_rows)), flat
+    title_average = totals.title_tokens / totals.titled_chunks if totals.titled_chunks else 0.0
+    content_average = totals.content_tokens / totals.chunks if totals.chunks else 0.0
+    title = title_weight * per_chunk(
+        weight * _bm25(postings.title_tf, postings.title_length, title_average, title_idf[postings.term])
+    )
+    content = per_chunk(
+        weight
+        * _bm25(postings.content_tf, postings.content_length, content_average, content_idf[postings.term])
+    )
+    return chunk_rows, title, content
+
+
+def combine_parts(
+    title: npt.NDArray[np.float64], content: npt.NDArray[np.float64], scoring: str
+) -> npt.NDArray[np.float64]:
+    """The score from its parts: their sum (flat), max + 0.5 x min (multifield); rising in both."""
+    if scoring == "flat":
+        return title + content
+    return np.maximum(title, content) + 0.5 * np.minimum(title, content)
+
+
+def bm25_bounds(
+    weights: npt.NDArray[np.float64], totals: Totals, scoring: str, title_weight: float, counts: TermCounts
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per stem, the most its postings add to a chunk's (title part, content part).
+
+    A BM25 term is idf x tf (k1 + 1) / (tf + k1 (1 - b + b len / avg)), below idf x (k1 + 1) for any tf
+    and length; a field no chunk has the term in adds nothing. A hair above, against rounding.
+    """
+    title_idf, content_idf = _term_idfs(counts, totals, scoring)
+    most = weights * (K1 + 1) * (1 + 1e-9)
+    if scoring == "flat":
+        return np.zeros(len(weights)), most * content_idf
+    title = np.where(counts.title_chunks > 0, title_weight * most * title_idf, 0.0)
+    content = np.where(counts.content_chunks > 0, most * content_idf, 0.0)
+    return title, content

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -14,11 +16,22 @@ import numpy.typing as npt
 from pgvector import Vector
 from pgvector.psycopg import register_vector
 from psycopg import Connection, sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
+from iris_rag.backends.common.bm25 import (
+    Postings,
+    TermCounts,
+    Totals,
+    bm25_bounds,
+    bm25_parts,
+    bm25_scores,
+    combine_parts,
+    query_stems,
+    term_frequencies,
+)
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.postgres.filters import to_sql
 from iris_rag.backends.postgres.migrations import migrate
@@ -54,6 +67,23 @@ Row = dict[str, Any]
 EXACT_SEARCH_MAX_CHUNKS = 2_000
 # Candidates the HNSW search keeps (pgvector's default is 40): at least this many, and 2 x top_k.
 MIN_EF_SEARCH = 200
+# An upsert of at least this many chunks (or any upsert inside bulk_load()) writes its documents, chunks and
+# keyword postings by binary COPY, a few statements per batch, instead of an INSERT per row.
+BULK_MIN_CHUNKS = 500
+# The HNSW build's memory (maintenance_work_mem): about this many bytes per chunk beyond its vector, so the
+# whole graph fits (pgvector builds far slower once it does not), within these bounds in MiB.
+HNSW_BUILD_BYTES_PER_CHUNK = 1024
+HNSW_BUILD_MEMORY_MB = (64, 8192)
+# Parallel workers the HNSW build may use (the server caps them with max_parallel_workers and by table size).
+HNSW_BUILD_WORKERS = 4
+# A keyword query whose terms have more postings than this in all is ranked by MaxScore: the postings of its
+# rarer terms are read whole, those of its frequent terms only for the chunks that can still reach the top
+# (keyword_terms' counts give the IDF and each term's bound). Below it every posting is read, as before.
+PRUNE_MIN_POSTINGS = 20_000
+# What one (term, chunk) lookup of the primary key costs, in postings read as a term's run: about 8 us
+# against 1-1.5 us (100K chunks). MaxScore looks the frequent terms up for its remaining chunks only where
+# that costs less than reading those terms whole.
+LOOKUP_COST_POSTINGS = 8
 
 
 def _now() -> str:
@@ -119,10 +149,87 @@ class PostgresStore:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection[Row]]:
-        """One write transaction on the thread's connection: commits on success, rolls back on error."""
+        """One write transaction on the thread's connection: commits on success, rolls back on error.
+
+        Nested calls are savepoints of the outermost. The HNSW index of a collection created inside is
+        built at the outermost one's end, after all its rows and before the commit: one build instead of
+        an insertion per row, and other connections never see the collection without its index.
+        """
         connection = self.connection()
-        with connection.transaction():
-            yield connection
+        depth: int = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        try:
+            with connection.transaction():
+                yield connection
+                if depth == 0:
+                    self._recount_terms(connection)
+                    self._build_pending_indexes(connection)
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                self._local.pending_indexes = {}
+                self._local.recount = set()
+
+    @contextmanager
+    def bulk_load(self) -> Iterator[Connection[Row]]:
+        """One transaction for a large load (`iris-rag migrate`, bench_scale).
+
+        Every upsert inside writes by COPY whatever its size, and new collections get their HNSW index
+        once, after their rows.
+
+        Nothing of it is visible to other connections before the commit, and an error or interruption
+        rolls all of it back: no half collection. The index build holds a SHARE lock on the chunks table
+        until the commit: readers go on, other writers wait. After the commit (of an outermost bulk load)
+        the tables are vacuumed and analyzed: the keyword leg's index-only scans then skip the heap at
+        once, not after autovacuum came round, and the planner knows the new sizes.
+        """
+        previous: bool = getattr(self._local, "bulk", False)
+        outermost = not getattr(self._local, "depth", 0)
+        self._local.bulk = True
+        try:
+            with self.transaction() as connection:
+                yield connection
+        finally:
+            self._local.bulk = previous
+        # (Not inside a transaction the caller opened on the connection itself: VACUUM cannot run there.)
+        if outermost and connection.info.transaction_status == TransactionStatus.IDLE:
+            connection.execute("VACUUM (ANALYZE) chunks, documents, keyword_postings, keyword_terms")
+
+    def _pending_indexes(self) -> dict[str, int]:
+        pending: dict[str, int] | None = getattr(self._local, "pending_indexes", None)
+        if pending is None:
+            pending = self._local.pending_indexes = {}
+        return pending
+
+    def _build_pending_indexes(self, connection: Connection[Row]) -> None:
+        """The HNSW index of each collection created in this transaction (still there), after its rows."""
+        pending = self._pending_indexes()
+        for collection_id, dimension in pending.items():
+            row = connection.execute(
+                "SELECT t.chunks FROM collections c JOIN keyword_totals t ON t.collection_id = c.id "
+                "WHERE c.id = %s",
+                (collection_id,),
+            ).fetchone()
+            if row is None:  # rolled back to a savepoint, or deleted again
+                continue
+            low, high = HNSW_BUILD_MEMORY_MB
+            needed = int(row["chunks"]) * (4 * dimension + HNSW_BUILD_BYTES_PER_CHUNK) // 2**20
+            connection.execute(
+                sql.SQL("SET LOCAL maintenance_work_mem = {}").format(
+                    sql.Literal(f"{min(high, max(low, needed))}MB")
+                )
+            )
+            connection.execute(
+                sql.SQL("SET LOCAL max_parallel_maintenance_workers = {}").format(HNSW_BUILD_WORKERS)
+            )
+            connection.execute(
+                sql.SQL(
+                    "CREATE INDEX IF NOT EXISTS {} ON chunks USING hnsw "
+                    "((embedding::vector({})) vector_cosine_ops) WITH (ef_construction = 128) "
+                    "WHERE collection_id = {}"
+                ).format(sql.Identifier(_hnsw_index_name(collection_id)), int(dimension), collection_id)
+            )
+        pending.clear()
 
     @contextmanager
     def separate_connection(self) -> Iterator[Connection[Row]]:
@@ -172,7 +279,10 @@ class PostgresStore:
     def _insert_collection(
         self, connection: Connection[Row], collection_id: str, embedding_model: str, dimension: int
     ) -> None:
-        """The collection row, keyword totals and HNSW index, if absent (in the caller's transaction)."""
+        """The collection row and keyword totals, if absent (in the caller's transaction).
+
+        Its HNSW index comes at the end of the outermost transaction (_build_pending_indexes).
+        """
         now = _now()
         inserted = connection.execute(
             "INSERT INTO collections (id, embedding_model, dimension, created_at, updated_at)"
@@ -180,18 +290,12 @@ class PostgresStore:
             (collection_id, embedding_model, dimension, now, now),
         ).rowcount
         connection.execute(
-            "INSERT INTO keyword_totals VALUES (%s, 0, 0, 0, 0) ON CONFLICT (collection_id) DO NOTHING",
+            "INSERT INTO keyword_totals VALUES (%s, 0, 0, 0, 0, 0) ON CONFLICT (collection_id) DO NOTHING",
             (collection_id,),
         )
         if inserted:
             # A partial index over this collection's rows, at its dimension: searches name both.
-            connection.execute(
-                sql.SQL(
-                    "CREATE INDEX IF NOT EXISTS {} ON chunks USING hnsw "
-                    "((embedding::vector({})) vector_cosine_ops) WITH (ef_construction = 128) "
-                    "WHERE collection_id = {}"
-                ).format(sql.Identifier(_hnsw_index_name(collection_id)), int(dimension), collection_id)
-            )
+            self._pending_indexes()[collection_id] = int(dimension)
 
     def list_collections(self) -> list[CollectionInfo]:
         """Every collection with counts."""
@@ -227,7 +331,13 @@ class PostgresStore:
             connection.execute(
                 "SELECT 1 FROM keyword_totals WHERE collection_id = %s FOR UPDATE", (collection_id,)
             )
-            for document in documents:
+            ids = [document.id for document in documents]
+            bulk = (
+                getattr(self._local, "bulk", False)
+                or sum(len(d.chunks) for d in documents) >= BULK_MIN_CHUNKS
+            )
+            # A batch naming a document twice takes the row path (each replaces the one before).
+            for document in documents if not bulk or len(set(ids)) < len(ids) else []:
                 created = connection.execute(
                     "SELECT created_at FROM documents WHERE collection_id = %s AND id = %s",
                     (collection_id, document.id),
@@ -248,6 +358,8 @@ class PostgresStore:
                 )
                 self._insert_chunks(connection, collection_id, document)
                 written += len(document.chunks)
+            if bulk and len(set(ids)) == len(ids):
+                written = self._copy_documents(connection, collection_id, documents, now)
             for index in self._technique_indexes:
                 if prepared is not None and index.name in prepared:
                     index.write(collection_id, documents, prepared[index.name])
@@ -264,6 +376,7 @@ class PostgresStore:
         # As in FTS5's title table: a chunk of an untitled document is no row of the title field.
         titled = bool(document.title.strip())
         totals = [0, 0, 0, 0]
+        term_counts: dict[str, list[int]] = {}
         for chunk, (content_terms, content_length) in zip(document.chunks, contents, strict=True):
             row = connection.execute(
                 """INSERT INTO chunks (collection_id, document_id, chunk_id, chunk_index, content, start_char,
@@ -285,6 +398,7 @@ class PostgresStore:
             ).fetchone()
             assert row is not None
             terms = title_terms.keys() | content_terms.keys()
+            _count_terms(term_counts, terms, title_terms, content_terms)
             if terms:
                 with connection.cursor() as cursor:
                     cursor.executemany(
@@ -308,26 +422,220 @@ class PostgresStore:
                 totals[2] + title_length,
                 totals[3] + content_length,
             ]
-        self._add_totals(connection, collection_id, totals)
+        self._add_totals(connection, collection_id, totals, documents=1)
+        self._add_term_counts(connection, collection_id, term_counts)
+
+    def _copy_documents(
+        self, connection: Connection[Row], collection_id: str, documents: list[DocumentInput], now: str
+    ) -> int:
+        """The documents, chunks and keyword postings by binary COPY.
+
+        The rows the row path writes, in the same order: chunk rows come from the sequence in document
+        and chunk order.
+        """
+        created = {
+            row["id"]: row["created_at"]
+            for row in connection.execute(
+                "SELECT id, created_at FROM documents WHERE collection_id = %s AND id = ANY(%s)",
+                (collection_id, [document.id for document in documents]),
+            ).fetchall()
+        }
+        for document_id in created:
+            self._delete_document_rows(connection, collection_id, document_id)
+        count = sum(len(document.chunks) for document in documents)
+        with connection.cursor(row_factory=tuple_row) as cursor:
+            row_ids = sorted(
+                int(row[0])
+                for row in cursor.execute(
+                    "SELECT nextval(pg_get_serial_sequence('chunks', 'row_id')) FROM generate_series(1, %s)",
+                    (count,),
+                )
+            )
+            frequencies = term_frequencies(
+                [text for d in documents for text in (d.title, *(chunk.content for chunk in d.chunks))]
+            )
+            with cursor.copy(
+                "COPY documents (collection_id, id, title, content, metadata, created_at, updated_at) "
+                "FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["text", "text", "text", "text", "jsonb", "text", "text"])
+                for document in documents:
+                    copy.write_row(
+                        (
+                            collection_id,
+                            document.id,
+                            document.title,
+                            document.content,
+                            Jsonb(document.metadata),
+                            created.get(document.id, now),
+                            now,
+                        )
+                    )
+            postings: list[tuple[str, str, int, int, int, int, int]] = []
+            totals = [0, 0, 0, 0]
+            term_counts: dict[str, list[int]] = {}
+            with cursor.copy(
+                "COPY chunks (row_id, collection_id, document_id, chunk_id, chunk_index, content, "
+                "start_char, end_char, embedding, title_length, content_length, titled) "
+                "FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(
+                    [
+                        "int8",
+                        "text",
+                        "text",
+                        "text",
+                        "int4",
+                        "text",
+                        "int4",
+                        "int4",
+                        "vector",
+                        "int4",
+                        "int4",
+                        "bool",
+                    ]
+                )
+                position = 0
+                rows = iter(row_ids)
+                for document in documents:
+                    title_terms, title_length = frequencies[position]
+                    contents = frequencies[position + 1 : position + 1 + len(document.chunks)]
+                    position += 1 + len(document.chunks)
+                    titled = bool(document.title.strip())
+                    for chunk, (content_terms, content_length) in zip(document.chunks, contents, strict=True):
+                        row_id = next(rows)
+                        copy.write_row(
+                            (
+                                row_id,
+                                collection_id,
+                                document.id,
+                                chunk_id(document.id, chunk.index),
+                                chunk.index,
+                                chunk.content,
+                                chunk.start_char,
+                                chunk.end_char,
+                                Vector(np.asarray(chunk.vector, dtype=np.float32)),
+                                title_length,
+                                content_length,
+                                titled,
+                            )
+                        )
+                        terms = title_terms.keys() | content_terms.keys()
+                        _count_terms(term_counts, terms, title_terms, content_terms)
+                        postings.extend(
+                            (
+                                collection_id,
+                                term,
+                                row_id,
+                                title_terms[term],
+                                content_terms[term],
+                                title_length,
+                                content_length,
+                            )
+                            for term in sorted(terms)
+                        )
+                        totals[0] += 1
+                        totals[1] += int(titled)
+                        totals[2] += title_length
+                        totals[3] += content_length
+            with cursor.copy(
+                "COPY keyword_postings (collection_id, term, chunk_row, title_tf, content_tf, title_length, "
+                "content_length) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["text", "text", "int8", "int4", "int4", "int4", "int4"])
+                postings.sort()  # in index order: the primary key grows in runs, not at random
+                for posting in postings:
+                    copy.write_row(posting)
+        self._add_totals(connection, collection_id, totals, documents=len(documents))
+        self._add_term_counts(connection, collection_id, term_counts)
+        return count
+
+    def _recount_terms(self, connection: Connection[Row]) -> None:
+        """keyword_terms of the collections a bulk load wrote, counted again from their postings."""
+        recount: set[str] = getattr(self._local, "recount", set())
+        for collection_id in sorted(recount):
+            connection.execute("DELETE FROM keyword_terms WHERE collection_id = %s", (collection_id,))
+            connection.execute(
+                """INSERT INTO keyword_terms
+                       SELECT collection_id, term, COUNT(*), COUNT(*) FILTER (WHERE title_tf > 0),
+                              COUNT(*) FILTER (WHERE content_tf > 0)
+                       FROM keyword_postings WHERE collection_id = %s GROUP BY collection_id, term""",
+                (collection_id,),
+            )
+        recount.clear()
+
+    def _add_term_counts(
+        self, connection: Connection[Row], collection_id: str, counts: dict[str, list[int]]
+    ) -> None:
+        """Add to keyword_terms' counts (chunks, title chunks, content chunks per term); drop terms at 0.
+
+        Inside bulk_load the collection is counted again once, at the end: an update of the same term
+        rows per batch, in one transaction, walks each row's growing chain of versions (10 s a batch
+        by 480K chunks).
+        """
+        if not counts:
+            return
+        if getattr(self._local, "bulk", False):
+            recount: set[str] | None = getattr(self._local, "recount", None)
+            if recount is None:
+                recount = self._local.recount = set()
+            recount.add(collection_id)
+            return
+        terms = sorted(counts)
+        connection.execute(
+            """INSERT INTO keyword_terms AS k
+                   SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[])
+               ON CONFLICT (collection_id, term) DO UPDATE SET chunks = k.chunks + EXCLUDED.chunks,
+                   title_chunks = k.title_chunks + EXCLUDED.title_chunks,
+                   content_chunks = k.content_chunks + EXCLUDED.content_chunks""",
+            (collection_id, terms, *([counts[t][i] for t in terms] for i in range(3))),
+        )
+        if any(counts[t][0] < 0 for t in terms):
+            connection.execute(
+                "DELETE FROM keyword_terms WHERE collection_id = %s AND term = ANY(%s) AND chunks <= 0",
+                (collection_id, terms),
+            )
 
     @staticmethod
-    def _add_totals(connection: Connection[Row], collection_id: str, totals: list[int]) -> None:
+    def _add_totals(
+        connection: Connection[Row], collection_id: str, totals: list[int], documents: int = 0
+    ) -> None:
         connection.execute(
             """UPDATE keyword_totals SET chunks = chunks + %s, titled_chunks = titled_chunks + %s,
-                   title_tokens = title_tokens + %s, content_tokens = content_tokens + %s
+                   title_tokens = title_tokens + %s, content_tokens = content_tokens + %s,
+                   documents = documents + %s
                WHERE collection_id = %s""",
-            (*totals, collection_id),
+            (*totals, documents, collection_id),
         )
 
     def _delete_document_rows(self, connection: Connection[Row], collection_id: str, document_id: str) -> int:
         for index in self._technique_indexes:
             index.delete(collection_id, document_id)
+        # The postings first (not by cascade), to take their terms off keyword_terms' counts.
+        with connection.cursor(row_factory=tuple_row) as cursor:
+            gone = cursor.execute(
+                """DELETE FROM keyword_postings WHERE chunk_row IN
+                       (SELECT row_id FROM chunks WHERE collection_id = %s AND document_id = %s)
+                   RETURNING term, title_tf > 0, content_tf > 0""",
+                (collection_id, document_id),
+            ).fetchall()
+        if gone:
+            term_counts: dict[str, list[int]] = {}
+            for term, in_title, in_content in gone:
+                counted = term_counts.setdefault(term, [0, 0, 0])
+                counted[0] -= 1
+                counted[1] -= int(in_title)
+                counted[2] -= int(in_content)
+            self._add_term_counts(connection, collection_id, term_counts)
         removed = connection.execute(
             """DELETE FROM chunks WHERE collection_id = %s AND document_id = %s
                RETURNING titled, title_length, content_length""",
             (collection_id, document_id),
         ).fetchall()
-        if removed:
+        deleted = connection.execute(
+            "DELETE FROM documents WHERE collection_id = %s AND id = %s", (collection_id, document_id)
+        ).rowcount
+        if removed or deleted:
             self._add_totals(
                 connection,
                 collection_id,
@@ -337,10 +645,9 @@ class PostgresStore:
                     -sum(r["title_length"] for r in removed),
                     -sum(r["content_length"] for r in removed),
                 ],
+                documents=-deleted,
             )
-        return connection.execute(
-            "DELETE FROM documents WHERE collection_id = %s AND id = %s", (collection_id, document_id)
-        ).rowcount
+        return deleted
 
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document and its chunks; False if it was absent."""
@@ -401,6 +708,7 @@ class PostgresStore:
                     index.drop_collection(collection_id)
             connection.execute("DELETE FROM collections WHERE id = %s", (collection_id,))
             connection.execute("DELETE FROM keyword_totals WHERE collection_id = %s", (collection_id,))
+            connection.execute("DELETE FROM keyword_terms WHERE collection_id = %s", (collection_id,))
             connection.execute(
                 sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(_hnsw_index_name(collection_id)))
             )
@@ -588,26 +896,35 @@ class PostgresStore:
             ).fetchone()
             if totals_row is None:
                 return []
-            with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
-                rows = cursor.execute(_POSTINGS_SQL, (collection_id, list(stems))).fetchall()
+            counted = {
+                row["term"]: row
+                for row in connection.execute(
+                    "SELECT term, chunks, title_chunks, content_chunks FROM keyword_terms "
+                    "WHERE collection_id = %s AND term = ANY(%s) AND chunks > 0",
+                    (collection_id, list(stems)),
+                ).fetchall()
+            }
+            if not counted:
+                return []
             allowed = self._filtered_chunk_rows(connection, collection_id, metadata_filter)
-        if not rows:
-            return []
-        index = {term: i for i, term in enumerate(stems)}
-        postings = Postings(
-            term=np.concatenate([np.full(len(row[1]) // 8, index[row[0]], dtype=np.int64) for row in rows]),
-            chunk_row=_column(rows, 1, ">i8"),
-            title_tf=_column(rows, 2, ">i4").astype(np.float64),
-            content_tf=_column(rows, 3, ">i4").astype(np.float64),
-            title_length=_column(rows, 4, ">i4").astype(np.float64),
-            content_length=_column(rows, 5, ">i4").astype(np.float64),
-        )
-        weights = np.asarray(list(stems.values()), dtype=np.float64)
-        chunk_rows, scores = bm25_scores(
-            postings, weights, Totals(**totals_row), query.scoring, float(query.title_weight)
-        )
-        if allowed is not None:
-            keep = np.isin(chunk_rows, np.fromiter(allowed, dtype=np.int64, count=len(allowed)))
+            allowed_rows = (
+                None if allowed is None else np.fromiter(allowed, dtype=np.int64, count=len(allowed))
+            )
+            weights = np.asarray(list(stems.values()), dtype=np.float64)
+            totals = Totals(**totals_row)
+            if sum(int(row["chunks"]) for row in counted.values()) > PRUNE_MIN_POSTINGS:
+                chunk_rows, scores = self._max_score(
+                    connection, collection_id, stems, counted, totals, query, top_k, allowed_rows
+                )
+            else:
+                with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
+                    rows = cursor.execute(_POSTINGS_SQL, (collection_id, list(stems))).fetchall()
+                index = {term: i for i, term in enumerate(stems)}
+                chunk_rows, scores = bm25_scores(
+                    _postings(rows, index), weights, totals, query.scoring, float(query.title_weight)
+                )
+        if allowed_rows is not None:
+            keep = np.isin(chunk_rows, allowed_rows)
             chunk_rows, scores = chunk_rows[keep], scores[keep]
         # Best first; equal scores by chunk row (insertion order), as the SQL store did.
         order = np.lexsort((chunk_rows, -scores))[:top_k]
@@ -623,6 +940,87 @@ class PostgresStore:
             for row, score in zip(best, scores[order], strict=True)
             if row in ids
         ]
+
+    @staticmethod
+    def _max_score(
+        connection: Connection[Row],
+        collection_id: str,
+        stems: dict[str, int],
+        counted: dict[str, Row],
+        totals: Totals,
+        query: KeywordQuery,
+        top_k: int,
+        allowed: npt.NDArray[np.int64] | None,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Chunk rows and exact BM25 scores of a set of chunks holding the true top_k (MaxScore).
+
+        The terms are taken rarest first; each one's postings are read whole ("essential" terms). With
+        the rest bounded (bm25_bounds: what their postings can add at most), a chunk they alone hold
+        scores below that bound, and a chunk of the essential postings below its partial score plus that
+        bound. Once the bound of the rest is below the top_k-th partial score (a floor under the final
+        top_k-th score), only the chunks whose partial score plus the bound reaches that floor can rank:
+        the rest's postings are looked up for them alone (where that is cheaper than reading the rest
+        whole), and their scores are exact. Otherwise the next term is read whole, up to every term
+        (then it is the unpruned ranking).
+        """
+        index = {term: i for i, term in enumerate(stems)}
+        weights = np.asarray(list(stems.values()), dtype=np.float64)
+
+        def column(field: str) -> npt.NDArray[np.float64]:
+            return np.asarray([float(counted[s][field]) if s in counted else 0.0 for s in stems])
+
+        counts = TermCounts(column("chunks"), column("title_chunks"), column("content_chunks"))
+        scoring, title_weight = query.scoring, float(query.title_weight)
+        title_bound, content_bound = bm25_bounds(weights, totals, scoring, title_weight, counts)
+        terms = sorted(counted, key=lambda term: (int(counted[term]["chunks"]), term))
+        read: list[tuple[Any, ...]] = []
+        with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
+            for essential in range(1, len(terms) + 1):
+                read += cursor.execute(_POSTINGS_SQL, (collection_id, [terms[essential - 1]])).fetchall()
+                postings = _postings(read, index)
+                rows, title, content = bm25_parts(postings, weights, totals, scoring, title_weight, counts)
+                rest = [index[term] for term in terms[essential:]]
+                if not rest:
+                    break
+                if allowed is not None:
+                    keep = np.isin(rows, allowed)
+                    rows, title, content = rows[keep], title[keep], content[keep]
+                if len(rows) < top_k:
+                    continue
+                partial = combine_parts(title, content, scoring)
+                floor = np.partition(partial, len(partial) - top_k)[len(partial) - top_k]
+                rest_title, rest_content = float(title_bound[rest].sum()), float(content_bound[rest].sum())
+                alone = combine_parts(np.array([rest_title]), np.array([rest_content]), scoring)[0]
+                if alone >= floor:
+                    continue
+                hopeful = rows[combine_parts(title + rest_title, content + rest_content, scoring) >= floor]
+                remaining = terms[essential:]
+                if len(hopeful) * len(remaining) * LOOKUP_COST_POSTINGS >= sum(
+                    int(counted[term]["chunks"]) for term in remaining
+                ):
+                    continue  # cheaper to read the next term whole
+                chunk_list = hopeful.tolist()
+                more = cursor.execute(
+                    _POSTINGS_OF_CHUNKS_SQL,
+                    (
+                        [term for term in remaining for _ in chunk_list],
+                        chunk_list * len(remaining),
+                        collection_id,
+                    ),
+                ).fetchall()
+                whole = _postings(read + more, index)
+                keep = np.isin(whole.chunk_row, hopeful)
+                rows, title, content = bm25_parts(
+                    Postings(*(getattr(whole, f.name)[keep] for f in fields(Postings))),
+                    weights,
+                    totals,
+                    scoring,
+                    title_weight,
+                    counts,
+                )
+                return rows, combine_parts(title, content, scoring)
+        # Every term read whole: the unpruned ranking.
+        return rows, combine_parts(title, content, scoring)
 
     @staticmethod
     def _filtered_chunk_rows(
@@ -642,16 +1040,13 @@ class PostgresStore:
 
     def term_document_counts(self, collection_id: str) -> dict[str, int]:
         """Every (stemmed) term of the collection's keyword index with the number of chunks holding it."""
-        rows = (
-            self.connection()
-            .execute(
-                "SELECT term, COUNT(*) AS chunks FROM keyword_postings "
-                "WHERE collection_id = %s GROUP BY term",
+        # keyword_terms' counts (a row per term: tens of thousands), as plain tuples.
+        with self.connection().cursor(row_factory=tuple_row) as cursor:
+            rows = cursor.execute(
+                "SELECT term, chunks FROM keyword_terms WHERE collection_id = %s AND chunks > 0",
                 (collection_id,),
-            )
-            .fetchall()
-        )
-        return {row["term"]: int(row["chunks"]) for row in rows}
+            ).fetchall()
+        return {term: int(chunks) for term, chunks in rows}
 
     def matching_document_ids(self, collection_id: str, metadata_filter: MetadataFilter) -> set[str]:
         """Ids of the collection's documents whose metadata passes the filter."""
@@ -772,6 +1167,47 @@ SELECT term, string_agg(int8send(chunk_row), ''::bytea), string_agg(int4send(tit
        string_agg(int4send(content_tf), ''::bytea), string_agg(int4send(title_length), ''::bytea),
        string_agg(int4send(content_length), ''::bytea)
 FROM keyword_postings WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"""
+# The same for given (term, chunk) pairs (MaxScore's frequent terms, for the chunks still in the running):
+# one primary-key lookup each (the planner would rather take the by-chunk index and the heap).
+_POSTINGS_OF_CHUNKS_SQL = """
+SELECT p.term, string_agg(int8send(p.chunk_row), ''::bytea), string_agg(int4send(p.title_tf), ''::bytea),
+       string_agg(int4send(p.content_tf), ''::bytea), string_agg(int4send(p.title_length), ''::bytea),
+       string_agg(int4send(p.content_length), ''::bytea)
+FROM unnest(%s::text[], %s::bigint[]) AS wanted(term, chunk_row)
+JOIN keyword_postings p ON p.collection_id = %s AND p.term = wanted.term AND p.chunk_row = wanted.chunk_row
+GROUP BY p.term"""
+
+
+def _count_terms(
+    counts: dict[str, list[int]], terms: Iterable[str], title_terms: Counter[str], content_terms: Counter[str]
+) -> None:
+    """Count one chunk's terms into keyword_terms' deltas: the chunk, and the fields holding each."""
+    for term in terms:
+        counted = counts.setdefault(term, [0, 0, 0])
+        counted[0] += 1
+        counted[1] += int(title_terms[term] > 0)
+        counted[2] += int(content_terms[term] > 0)
+
+
+def _postings(rows: list[tuple[Any, ...]], index: dict[str, int]) -> Postings:
+    """_POSTINGS_SQL's rows (a term each, its columns packed) as parallel arrays; terms by `index`.
+
+    In the query's term order, whatever order the rows came in: each chunk's score then adds its terms
+    in one order (the float sum, and so the order of near ties, does not depend on the plan or on which
+    terms MaxScore read first).
+    """
+    rows = sorted(rows, key=lambda row: index[row[0]])
+    return Postings(
+        term=np.concatenate(
+            [np.full(len(row[1]) // 8, index[row[0]], dtype=np.int64) for row in rows]
+            or [np.zeros(0, dtype=np.int64)]
+        ),
+        chunk_row=_column(rows, 1, ">i8"),
+        title_tf=_column(rows, 2, ">i4").astype(np.float64),
+        content_tf=_column(rows, 3, ">i4").astype(np.float64),
+        title_length=_column(rows, 4, ">i4").astype(np.float64),
+        content_length=_column(rows, 5, ">i4").astype(np.float64),
+    )
 
 
 def _column(rows: list[tuple[Any, ...]], position: int, dtype: str) -> npt.NDArray[np.int64]:
@@ -784,8 +1220,10 @@ _CHUNK_SELECT = """
     FROM chunks k JOIN documents d ON d.collection_id = k.collection_id AND d.id = k.document_id"""
 _COLLECTION_SELECT = """
     SELECT c.*,
-           (SELECT COUNT(*) FROM documents d WHERE d.collection_id = c.id) AS document_count,
-           -- kept in step by every write: counting the chunks took a millisecond per call at 5,000
+           -- kept in step by every write: counting the chunks took a millisecond per call at 5,000, the
+           -- documents 10-160 ms at 50,000
+           COALESCE((SELECT t.documents FROM keyword_totals t WHERE t.collection_id = c.id), 0)
+               AS document_count,
            COALESCE((SELECT t.chunks FROM keyword_totals t WHERE t.collection_id = c.id), 0) AS chunk_count,
            COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
     FROM collections c"""
