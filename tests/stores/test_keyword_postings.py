@@ -14,7 +14,6 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -28,20 +27,8 @@ from iris_rag.backends.sqlite.postings import KeywordPostings
 from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.stores.base import KeywordQuery, ScoredChunk
 from iris_rag.text import query_terms
-from tests.stores.test_keyword_pruning import document, queries, read
-
-
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[SqliteStore, SqliteStore]]:
-    path = tmp_path / "db.sqlite3"
-    writer = SqliteStore(path)
-    writer.create_collection("c", "model", 4)
-    writer.upsert_documents("c", [document(d["_id"], d["title"], d["text"]) for d in read("corpus.jsonl")])
-    reader = SqliteStore(path)
-    reader.get_collection("c")  # counts the chunks for this data version, as every request does
-    yield reader, writer
-    reader.close()
-    writer.close()
+from tests.stores.conftest import document, read
+from tests.stores.test_keyword_pruning import queries
 
 
 class Answered:
