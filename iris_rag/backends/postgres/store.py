@@ -39,6 +39,7 @@ from iris_rag.cancellation import check_cancelled
 from iris_rag.redaction import redact
 from iris_rag.stores.base import (
     CallRecord,
+    ChunkInput,
     CollectionInfo,
     DocumentInput,
     DocumentSummary,
@@ -382,46 +383,26 @@ class PostgresStore:
                 """INSERT INTO chunks (collection_id, document_id, chunk_id, chunk_index, content, start_char,
                        end_char, embedding, title_length, content_length, titled)
                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING row_id""",
-                (
-                    collection_id,
-                    document.id,
-                    chunk_id(document.id, chunk.index),
-                    chunk.index,
-                    chunk.content,
-                    chunk.start_char,
-                    chunk.end_char,
-                    Vector(np.asarray(chunk.vector, dtype=np.float32)),
-                    title_length,
-                    content_length,
-                    titled,
-                ),
+                _chunk_values(collection_id, document, chunk, title_length, content_length, titled),
             ).fetchone()
             assert row is not None
-            terms = title_terms.keys() | content_terms.keys()
-            _count_terms(term_counts, terms, title_terms, content_terms)
+            terms = _count_chunk(
+                totals, term_counts, titled, title_terms, title_length, content_terms, content_length
+            )
             if terms:
                 with connection.cursor() as cursor:
                     cursor.executemany(
                         "INSERT INTO keyword_postings VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                        [
-                            (
-                                collection_id,
-                                t,
-                                row["row_id"],
-                                title_terms[t],
-                                content_terms[t],
-                                title_length,
-                                content_length,
-                            )
-                            for t in sorted(terms)
-                        ],
+                        _posting_values(
+                            collection_id,
+                            row["row_id"],
+                            terms,
+                            title_terms,
+                            title_length,
+                            content_terms,
+                            content_length,
+                        ),
                     )
-            totals = [
-                totals[0] + 1,
-                totals[1] + int(titled),
-                totals[2] + title_length,
-                totals[3] + content_length,
-            ]
         self._add_totals(connection, collection_id, totals, documents=1)
         self._add_term_counts(connection, collection_id, term_counts)
 
@@ -504,40 +485,30 @@ class PostgresStore:
                     titled = bool(document.title.strip())
                     for chunk, (content_terms, content_length) in zip(document.chunks, contents, strict=True):
                         row_id = next(rows)
-                        copy.write_row(
-                            (
-                                row_id,
-                                collection_id,
-                                document.id,
-                                chunk_id(document.id, chunk.index),
-                                chunk.index,
-                                chunk.content,
-                                chunk.start_char,
-                                chunk.end_char,
-                                Vector(np.asarray(chunk.vector, dtype=np.float32)),
-                                title_length,
-                                content_length,
-                                titled,
-                            )
+                        values = _chunk_values(
+                            collection_id, document, chunk, title_length, content_length, titled
                         )
-                        terms = title_terms.keys() | content_terms.keys()
-                        _count_terms(term_counts, terms, title_terms, content_terms)
+                        copy.write_row((row_id, *values))
+                        terms = _count_chunk(
+                            totals,
+                            term_counts,
+                            titled,
+                            title_terms,
+                            title_length,
+                            content_terms,
+                            content_length,
+                        )
                         postings.extend(
-                            (
+                            _posting_values(
                                 collection_id,
-                                term,
                                 row_id,
-                                title_terms[term],
-                                content_terms[term],
+                                terms,
+                                title_terms,
                                 title_length,
+                                content_terms,
                                 content_length,
                             )
-                            for term in sorted(terms)
                         )
-                        totals[0] += 1
-                        totals[1] += int(titled)
-                        totals[2] += title_length
-                        totals[3] += content_length
             with cursor.copy(
                 "COPY keyword_postings (collection_id, term, chunk_row, title_tf, content_tf, title_length, "
                 "content_length) FROM STDIN (FORMAT BINARY)"
@@ -1176,6 +1147,65 @@ SELECT p.term, string_agg(int8send(p.chunk_row), ''::bytea), string_agg(int4send
 FROM unnest(%s::text[], %s::bigint[]) AS wanted(term, chunk_row)
 JOIN keyword_postings p ON p.collection_id = %s AND p.term = wanted.term AND p.chunk_row = wanted.chunk_row
 GROUP BY p.term"""
+
+
+def _chunk_values(
+    collection_id: str,
+    document: DocumentInput,
+    chunk: ChunkInput,
+    title_length: int,
+    content_length: int,
+    titled: bool,
+) -> tuple[Any, ...]:
+    """A chunks row after its row_id (collection_id ... titled), as both write paths insert it."""
+    return (
+        collection_id,
+        document.id,
+        chunk_id(document.id, chunk.index),
+        chunk.index,
+        chunk.content,
+        chunk.start_char,
+        chunk.end_char,
+        Vector(np.asarray(chunk.vector, dtype=np.float32)),
+        title_length,
+        content_length,
+        titled,
+    )
+
+
+def _count_chunk(
+    totals: list[int],
+    term_counts: dict[str, list[int]],
+    titled: bool,
+    title_terms: Counter[str],
+    title_length: int,
+    content_terms: Counter[str],
+    content_length: int,
+) -> set[str]:
+    """Count one chunk into the keyword_totals and keyword_terms deltas; its terms."""
+    terms = title_terms.keys() | content_terms.keys()
+    _count_terms(term_counts, terms, title_terms, content_terms)
+    totals[0] += 1
+    totals[1] += int(titled)
+    totals[2] += title_length
+    totals[3] += content_length
+    return terms
+
+
+def _posting_values(
+    collection_id: str,
+    row_id: int,
+    terms: set[str],
+    title_terms: Counter[str],
+    title_length: int,
+    content_terms: Counter[str],
+    content_length: int,
+) -> list[tuple[str, str, int, int, int, int, int]]:
+    """The chunk's keyword_postings rows, in the primary key's term order."""
+    return [
+        (collection_id, term, row_id, title_terms[term], content_terms[term], title_length, content_length)
+        for term in sorted(terms)
+    ]
 
 
 def _count_terms(
