@@ -33,7 +33,9 @@ from iris_rag.backends.common.bm25 import (
     term_frequencies,
 )
 from iris_rag.backends.common.technique_storage import TechniqueStorages
+from iris_rag.backends.postgres import keyword_blocks
 from iris_rag.backends.postgres.filters import to_sql
+from iris_rag.backends.postgres.keyword_blocks import POSTINGS_OF_CHUNKS_SQL, POSTINGS_SQL, Posting
 from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
 from iris_rag.redaction import redact
@@ -163,13 +165,15 @@ class PostgresStore:
             with connection.transaction():
                 yield connection
                 if depth == 0:
-                    self._recount_terms(connection)
+                    self._pack_staged(connection)
+                    self._add_deferred_term_counts(connection)
                     self._build_pending_indexes(connection)
         finally:
             self._local.depth = depth
             if depth == 0:
                 self._local.pending_indexes = {}
-                self._local.recount = set()
+                self._local.deferred_terms = {}
+                self._local.staged = False
 
     @contextmanager
     def bulk_load(self) -> Iterator[Connection[Row]]:
@@ -194,7 +198,7 @@ class PostgresStore:
             self._local.bulk = previous
         # (Not inside a transaction the caller opened on the connection itself: VACUUM cannot run there.)
         if outermost and connection.info.transaction_status == TransactionStatus.IDLE:
-            connection.execute("VACUUM (ANALYZE) chunks, documents, keyword_postings, keyword_terms")
+            connection.execute("VACUUM (ANALYZE) chunks, documents, keyword_blocks, keyword_terms")
 
     def _pending_indexes(self) -> dict[str, int]:
         pending: dict[str, int] | None = getattr(self._local, "pending_indexes", None)
@@ -378,6 +382,7 @@ class PostgresStore:
         titled = bool(document.title.strip())
         totals = [0, 0, 0, 0]
         term_counts: dict[str, list[int]] = {}
+        postings: list[Posting] = []
         for chunk, (content_terms, content_length) in zip(document.chunks, contents, strict=True):
             row = connection.execute(
                 """INSERT INTO chunks (collection_id, document_id, chunk_id, chunk_index, content, start_char,
@@ -389,20 +394,19 @@ class PostgresStore:
             terms = _count_chunk(
                 totals, term_counts, titled, title_terms, title_length, content_terms, content_length
             )
-            if terms:
-                with connection.cursor() as cursor:
-                    cursor.executemany(
-                        "INSERT INTO keyword_postings VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                        _posting_values(
-                            collection_id,
-                            row["row_id"],
-                            terms,
-                            title_terms,
-                            title_length,
-                            content_terms,
-                            content_length,
-                        ),
-                    )
+            postings.extend(
+                _posting_values(
+                    collection_id,
+                    row["row_id"],
+                    terms,
+                    title_terms,
+                    title_length,
+                    content_terms,
+                    content_length,
+                )
+            )
+        self._pack_staged(connection)  # staged rows first: this document's rows come after them
+        keyword_blocks.append_postings(connection, collection_id, postings)
         self._add_totals(connection, collection_id, totals, documents=1)
         self._add_term_counts(connection, collection_id, term_counts)
 
@@ -452,7 +456,7 @@ class PostgresStore:
                             now,
                         )
                     )
-            postings: list[tuple[str, str, int, int, int, int, int]] = []
+            postings: list[Posting] = []
             totals = [0, 0, 0, 0]
             term_counts: dict[str, list[int]] = {}
             with cursor.copy(
@@ -509,48 +513,51 @@ class PostgresStore:
                                 content_length,
                             )
                         )
-            with cursor.copy(
-                "COPY keyword_postings (collection_id, term, chunk_row, title_tf, content_tf, title_length, "
-                "content_length) FROM STDIN (FORMAT BINARY)"
-            ) as copy:
-                copy.set_types(["text", "text", "int8", "int4", "int4", "int4", "int4"])
-                postings.sort()  # in index order: the primary key grows in runs, not at random
-                for posting in postings:
-                    copy.write_row(posting)
+        # Packed into blocks at the transaction's end, with every other batch's (pack_staged).
+        keyword_blocks.stage_postings(connection, postings)
+        self._local.staged = True
         self._add_totals(connection, collection_id, totals, documents=len(documents))
         self._add_term_counts(connection, collection_id, term_counts)
         return count
 
-    def _recount_terms(self, connection: Connection[Row]) -> None:
-        """keyword_terms of the collections a bulk load wrote, counted again from their postings."""
-        recount: set[str] = getattr(self._local, "recount", set())
-        for collection_id in sorted(recount):
-            connection.execute("DELETE FROM keyword_terms WHERE collection_id = %s", (collection_id,))
-            connection.execute(
-                """INSERT INTO keyword_terms
-                       SELECT collection_id, term, COUNT(*), COUNT(*) FILTER (WHERE title_tf > 0),
-                              COUNT(*) FILTER (WHERE content_tf > 0)
-                       FROM keyword_postings WHERE collection_id = %s GROUP BY collection_id, term""",
-                (collection_id,),
-            )
-        recount.clear()
+    def _pack_staged(self, connection: Connection[Row]) -> None:
+        """Staged postings into blocks: before rows are appended or taken out, and at the end."""
+        if getattr(self._local, "staged", False):
+            keyword_blocks.pack_staged(connection)
+            self._local.staged = False
+
+    def _add_deferred_term_counts(self, connection: Connection[Row]) -> None:
+        """keyword_terms' changes a bulk load gathered, added once at its end."""
+        deferred: dict[str, dict[str, list[int]]] = getattr(self._local, "deferred_terms", {})
+        for collection_id in sorted(deferred):
+            self._add_term_counts(connection, collection_id, deferred[collection_id], deferred_ok=False)
+        deferred.clear()
 
     def _add_term_counts(
-        self, connection: Connection[Row], collection_id: str, counts: dict[str, list[int]]
+        self,
+        connection: Connection[Row],
+        collection_id: str,
+        counts: dict[str, list[int]],
+        *,
+        deferred_ok: bool = True,
     ) -> None:
         """Add to keyword_terms' counts (chunks, title chunks, content chunks per term); drop terms at 0.
 
-        Inside bulk_load the collection is counted again once, at the end: an update of the same term
+        Inside bulk_load the changes are gathered and added once, at the end: an update of the same term
         rows per batch, in one transaction, walks each row's growing chain of versions (10 s a batch
         by 480K chunks).
         """
         if not counts:
             return
-        if getattr(self._local, "bulk", False):
-            recount: set[str] | None = getattr(self._local, "recount", None)
-            if recount is None:
-                recount = self._local.recount = set()
-            recount.add(collection_id)
+        if deferred_ok and getattr(self._local, "bulk", False):
+            deferred: dict[str, dict[str, list[int]]] | None = getattr(self._local, "deferred_terms", None)
+            if deferred is None:
+                deferred = self._local.deferred_terms = {}
+            gathered = deferred.setdefault(collection_id, {})
+            for term, change in counts.items():
+                into = gathered.setdefault(term, [0, 0, 0])
+                for i in range(3):
+                    into[i] += change[i]
             return
         terms = sorted(counts)
         connection.execute(
@@ -582,22 +589,28 @@ class PostgresStore:
     def _delete_document_rows(self, connection: Connection[Row], collection_id: str, document_id: str) -> int:
         for index in self._technique_indexes:
             index.delete(collection_id, document_id)
-        # The postings first (not by cascade), to take their terms off keyword_terms' counts.
+        # The postings out of their blocks, found from the chunks' text tokenized again as it was written
+        # (FTS5 deletes the same way), and their terms off keyword_terms' counts.
         with connection.cursor(row_factory=tuple_row) as cursor:
-            gone = cursor.execute(
-                """DELETE FROM keyword_postings WHERE chunk_row IN
-                       (SELECT row_id FROM chunks WHERE collection_id = %s AND document_id = %s)
-                   RETURNING term, title_tf > 0, content_tf > 0""",
+            stored = cursor.execute(
+                """SELECT k.row_id, k.content, d.title FROM chunks k JOIN documents d
+                       ON d.collection_id = k.collection_id AND d.id = k.document_id
+                   WHERE k.collection_id = %s AND k.document_id = %s ORDER BY k.chunk_index""",
                 (collection_id, document_id),
             ).fetchall()
-        if gone:
+        if stored:
+            (title_terms, _), *contents = term_frequencies([stored[0][2], *(row[1] for row in stored)])
             term_counts: dict[str, list[int]] = {}
-            for term, in_title, in_content in gone:
-                counted = term_counts.setdefault(term, [0, 0, 0])
-                counted[0] -= 1
-                counted[1] -= int(in_title)
-                counted[2] -= int(in_content)
-            self._add_term_counts(connection, collection_id, term_counts)
+            pairs: list[tuple[str, int]] = []
+            for (row_id, _, _), (content_terms, _) in zip(stored, contents, strict=True):
+                terms = title_terms.keys() | content_terms.keys()
+                _count_terms(term_counts, terms, title_terms, content_terms)
+                pairs.extend((term, int(row_id)) for term in sorted(terms))
+            self._pack_staged(connection)  # the chunks may have been written by this transaction's bulk path
+            keyword_blocks.remove_postings(connection, collection_id, pairs)
+            self._add_term_counts(
+                connection, collection_id, {t: [-n for n in c] for t, c in term_counts.items()}
+            )
         removed = connection.execute(
             """DELETE FROM chunks WHERE collection_id = %s AND document_id = %s
                RETURNING titled, title_length, content_length""",
@@ -652,8 +665,8 @@ class PostgresStore:
     def delete_collection(self, collection_id: str) -> int | None:
         """Each document through the technique indexes, then the collection row and what hangs on it.
 
-        Documents, chunks and postings follow the collection row by cascade; its keyword totals and HNSW
-        index go by name.
+        Documents and chunks follow the collection row by cascade; its keyword totals, terms and blocks
+        and its HNSW index go by name.
         """
         with self.transaction() as connection:
             if (
@@ -680,6 +693,7 @@ class PostgresStore:
             connection.execute("DELETE FROM collections WHERE id = %s", (collection_id,))
             connection.execute("DELETE FROM keyword_totals WHERE collection_id = %s", (collection_id,))
             connection.execute("DELETE FROM keyword_terms WHERE collection_id = %s", (collection_id,))
+            keyword_blocks.delete_collection(connection, collection_id)
             connection.execute(
                 sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(_hnsw_index_name(collection_id)))
             )
@@ -889,7 +903,7 @@ class PostgresStore:
                 )
             else:
                 with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
-                    rows = cursor.execute(_POSTINGS_SQL, (collection_id, list(stems))).fetchall()
+                    rows = cursor.execute(POSTINGS_SQL, (collection_id, list(stems))).fetchall()
                 index = {term: i for i, term in enumerate(stems)}
                 chunk_rows, scores = bm25_scores(
                     _postings(rows, index), weights, totals, query.scoring, float(query.title_weight)
@@ -947,7 +961,7 @@ class PostgresStore:
         read: list[tuple[Any, ...]] = []
         with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
             for essential in range(1, len(terms) + 1):
-                read += cursor.execute(_POSTINGS_SQL, (collection_id, [terms[essential - 1]])).fetchall()
+                read += cursor.execute(POSTINGS_SQL, (collection_id, [terms[essential - 1]])).fetchall()
                 postings = _postings(read, index)
                 rows, title, content = bm25_parts(postings, weights, totals, scoring, title_weight, counts)
                 rest = [index[term] for term in terms[essential:]]
@@ -972,12 +986,12 @@ class PostgresStore:
                     continue  # cheaper to read the next term whole
                 chunk_list = hopeful.tolist()
                 more = cursor.execute(
-                    _POSTINGS_OF_CHUNKS_SQL,
-                    (
-                        [term for term in remaining for _ in chunk_list],
-                        chunk_list * len(remaining),
-                        collection_id,
-                    ),
+                    POSTINGS_OF_CHUNKS_SQL,
+                    {
+                        "collection": collection_id,
+                        "terms": [term for term in remaining for _ in chunk_list],
+                        "rows": chunk_list * len(remaining),
+                    },
                 ).fetchall()
                 whole = _postings(read + more, index)
                 keep = np.isin(whole.chunk_row, hopeful)
@@ -1130,25 +1144,6 @@ class PostgresStore:
         }
 
 
-# The query's stems with weights, their chunk counts per field, and each matching chunk's BM25.
-# A query's postings, read from the primary key alone (it includes every column scored), one row per
-# term with each column packed as big-endian integers: a tenth of the Python objects of a row per posting.
-_POSTINGS_SQL = """
-SELECT term, string_agg(int8send(chunk_row), ''::bytea), string_agg(int4send(title_tf), ''::bytea),
-       string_agg(int4send(content_tf), ''::bytea), string_agg(int4send(title_length), ''::bytea),
-       string_agg(int4send(content_length), ''::bytea)
-FROM keyword_postings WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"""
-# The same for given (term, chunk) pairs (MaxScore's frequent terms, for the chunks still in the running):
-# one primary-key lookup each (the planner would rather take the by-chunk index and the heap).
-_POSTINGS_OF_CHUNKS_SQL = """
-SELECT p.term, string_agg(int8send(p.chunk_row), ''::bytea), string_agg(int4send(p.title_tf), ''::bytea),
-       string_agg(int4send(p.content_tf), ''::bytea), string_agg(int4send(p.title_length), ''::bytea),
-       string_agg(int4send(p.content_length), ''::bytea)
-FROM unnest(%s::text[], %s::bigint[]) AS wanted(term, chunk_row)
-JOIN keyword_postings p ON p.collection_id = %s AND p.term = wanted.term AND p.chunk_row = wanted.chunk_row
-GROUP BY p.term"""
-
-
 def _chunk_values(
     collection_id: str,
     document: DocumentInput,
@@ -1200,8 +1195,8 @@ def _posting_values(
     title_length: int,
     content_terms: Counter[str],
     content_length: int,
-) -> list[tuple[str, str, int, int, int, int, int]]:
-    """The chunk's keyword_postings rows, in the primary key's term order."""
+) -> list[Posting]:
+    """The chunk's postings, in term order."""
     return [
         (collection_id, term, row_id, title_terms[term], content_terms[term], title_length, content_length)
         for term in sorted(terms)
@@ -1220,7 +1215,7 @@ def _count_terms(
 
 
 def _postings(rows: list[tuple[Any, ...]], index: dict[str, int]) -> Postings:
-    """_POSTINGS_SQL's rows (a term each, its columns packed) as parallel arrays; terms by `index`.
+    """POSTINGS_SQL's rows (a term each, its columns packed) as parallel arrays; terms by `index`.
 
     In the query's term order, whatever order the rows came in: each chunk's score then adds its terms
     in one order (the float sum, and so the order of near ties, does not depend on the plan or on which

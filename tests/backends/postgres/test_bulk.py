@@ -19,6 +19,7 @@ from iris_rag.backends.postgres.store import PostgresStore
 from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordQuery, NewCollection
 from iris_rag.stores.filters import parse_filters
+from tests.backends.postgres.blocks import posting_rows
 from tests.conftest import SAMPLE_CORPUS
 
 DIMENSION = 16
@@ -61,12 +62,16 @@ def _rows(store: PostgresStore, collection_id: str) -> dict[str, Any]:
         "title_length, content_length, titled FROM chunks WHERE collection_id = %s ORDER BY row_id",
         (collection_id,),
     ).fetchall()
-    postings = connection.execute(
-        "SELECT p.term, k.chunk_id, p.title_tf, p.content_tf, p.title_length, p.content_length "
-        "FROM keyword_postings p JOIN chunks k ON k.row_id = p.chunk_row "
-        "WHERE p.collection_id = %s ORDER BY k.row_id, p.term",
-        (collection_id,),
-    ).fetchall()
+    chunk_ids = {
+        row["row_id"]: row["chunk_id"]
+        for row in connection.execute(
+            "SELECT row_id, chunk_id FROM chunks WHERE collection_id = %s", (collection_id,)
+        ).fetchall()
+    }
+    postings = sorted(
+        (chunk_ids[chunk_row], term, *rest)
+        for term, chunk_row, *rest in posting_rows(connection, collection_id)
+    )
     totals = connection.execute(
         "SELECT chunks, titled_chunks, title_tokens, content_tokens FROM keyword_totals "
         "WHERE collection_id = %s",
@@ -131,8 +136,7 @@ def test_a_bulk_load_equals_the_row_by_row_load(
     vacuumed = (
         store.connection()
         .execute(
-            "SELECT last_vacuum IS NOT NULL AS done FROM pg_stat_user_tables "
-            "WHERE relname = 'keyword_postings'"
+            "SELECT last_vacuum IS NOT NULL AS done FROM pg_stat_user_tables WHERE relname = 'keyword_blocks'"
         )
         .fetchone()
     )
@@ -188,7 +192,7 @@ def test_an_interrupted_bulk_load_leaves_no_half_collection(store: PostgresStore
             assert reader.get_collection("c") is None
             assert reader.document_ids("c") == []
             connection = reader.connection()
-            for table in ("chunks", "keyword_postings", "keyword_totals"):
+            for table in ("chunks", "keyword_blocks", "keyword_totals"):
                 row = connection.execute(
                     f"SELECT COUNT(*) AS n FROM {table} WHERE collection_id = 'c'"
                 ).fetchone()

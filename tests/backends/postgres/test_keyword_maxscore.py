@@ -10,15 +10,20 @@ import psycopg
 import pytest
 
 from iris_rag.backends.common.bm25 import query_stems
+from iris_rag.backends.postgres import keyword_blocks
 from iris_rag.backends.postgres import store as store_module
 from iris_rag.backends.postgres.store import PostgresStore
 from iris_rag.stores.base import KeywordQuery, ScoredChunk
 from iris_rag.stores.filters import parse_filters
+from tests.backends.postgres.blocks import posting_rows, undo_packing
 from tests.backends.postgres.test_bulk import NEW, _documents
 
 
 @pytest.fixture
-def store(postgres_url: str) -> Iterator[PostgresStore]:
+def store(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresStore]:
+    # Blocks of 4 postings: many blocks per term (appends, deletes and lookups cross their edges), and
+    # a lookup reads about the postings it needs.
+    monkeypatch.setattr(keyword_blocks, "BLOCK_POSTINGS", 4)
     opened = PostgresStore(postgres_url)
     with opened.bulk_load():
         opened.upsert_documents("c", _documents(300), new_collection=NEW)
@@ -34,13 +39,16 @@ def _term_rows(store: PostgresStore, collection_id: str) -> tuple[list[Any], lis
         "WHERE collection_id = %s ORDER BY term",
         (collection_id,),
     ).fetchall()
-    counted = connection.execute(
-        "SELECT term, COUNT(*) AS chunks, COUNT(*) FILTER (WHERE title_tf > 0) AS title_chunks, "
-        "COUNT(*) FILTER (WHERE content_tf > 0) AS content_chunks FROM keyword_postings "
-        "WHERE collection_id = %s GROUP BY term ORDER BY term",
-        (collection_id,),
-    ).fetchall()
-    return kept, counted
+    counts: dict[str, list[int]] = {}
+    for term, _, title_tf, content_tf, _, _ in posting_rows(connection, collection_id):
+        counted = counts.setdefault(term, [0, 0, 0])
+        counted[0] += 1
+        counted[1] += int(title_tf > 0)
+        counted[2] += int(content_tf > 0)
+    return kept, [
+        {"term": term, "chunks": c[0], "title_chunks": c[1], "content_chunks": c[2]}
+        for term, c in sorted(counts.items())
+    ]
 
 
 def test_term_counts_stay_in_step_with_the_postings(store: PostgresStore, postgres_url: str) -> None:
@@ -55,8 +63,9 @@ def test_term_counts_stay_in_step_with_the_postings(store: PostgresStore, postgr
     assert kept == counted
     assert {"zebrafish", "aplenti"} <= {row["term"] for row in kept}
     assert store.term_document_counts("c") == {row["term"]: row["chunks"] for row in counted}
-    # A database from before migration 11 gets the counts from its postings.
+    # A database from before migration 11 gets the counts from its postings (then packs them: 13).
     with psycopg.connect(postgres_url, autocommit=True) as connection:
+        undo_packing(connection)
         connection.execute("DROP TABLE keyword_terms")
         connection.execute("DELETE FROM schema_migrations WHERE version = 11")
     upgraded = PostgresStore(postgres_url)

@@ -19,6 +19,7 @@ from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.embedder import Embedder
 from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput, KeywordQuery, NewCollection
 from iris_rag.stores.filters import parse_filters
+from tests.backends.postgres.blocks import undo_packing
 from tests.conftest import SAMPLE_CORPUS
 
 DIMENSION = 8
@@ -62,7 +63,10 @@ def test_migrations_from_empty_and_idempotent_reopen(postgres_url: str) -> None:
 
 
 def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str) -> None:
-    """A database from before migration 2 (postings without lengths) opens with its postings scored alike."""
+    """A database from before migration 2 (postings without lengths) opens with its postings scored alike.
+
+    Its postings are then packed into blocks (migration 13).
+    """
     rng = np.random.default_rng(3)
     documents = [
         _document("a", "Insulin and diabetes", ["insulin resistance in diabetes", "beta cells"], rng),
@@ -74,7 +78,8 @@ def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str) -> None:
     current.upsert_documents("c", documents, new_collection=_new())
     expected = current.keyword_search("c", query, 10)
     current.close()
-    with psycopg.connect(postgres_url, autocommit=True) as connection:  # undo migration 2, data kept
+    with psycopg.connect(postgres_url, autocommit=True) as connection:  # undo migrations 13 and 2, data kept
+        undo_packing(connection)
         connection.execute(
             "ALTER TABLE keyword_postings DROP CONSTRAINT keyword_postings_pkey, "
             "DROP COLUMN title_length, DROP COLUMN content_length, "

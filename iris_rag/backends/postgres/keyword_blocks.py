@@ -1,0 +1,234 @@
+"""The BM25 postings on PostgreSQL, packed per term in blocks of up to BLOCK_POSTINGS chunks.
+
+A row of keyword_blocks holds one term's postings for a run of chunk rows: the chunk rows (int8), the
+term's count in the title and in the content, and the chunk's two field lengths (int4 each), every
+column one big-endian bytea in chunk-row order. A row per (term, chunk) cost about 190 bytes on disk
+with its indexes (13.6 KB a chunk) and a microsecond and more to read; a block costs about 24 bytes a
+posting and is read as five byte strings. A term's blocks cover disjoint ranges of chunk rows, each
+starting at `first_row`: the posting of chunk row r is in the block with the largest first_row <= r.
+
+Writes keep that: new chunks take rows from the sequence (greater than every row of their collection,
+whose writers take turns on its totals row), so the row path appends to each term's last block; the
+bulk path stages its postings in a temporary table and packs them in one statement at the end of the
+transaction (PACK_SQL, the same statement migration 13 packed the old rows with); a deleted chunk's
+postings are taken out of the blocks holding them (found again from its text, as FTS5 does).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from psycopg import Connection
+from psycopg.rows import tuple_row
+
+# Postings per block: 64 keep a full row (about 1.5 KB) under PostgreSQL's 2 KB TOAST threshold, so a
+# block is read from the table's own page, uncompressed.
+BLOCK_POSTINGS = 64
+
+# (collection_id, term, chunk_row, title_tf, content_tf, title_length, content_length)
+Posting = tuple[str, str, int, int, int, int, int]
+
+_COLUMNS = ("chunk_rows", "title_tf", "content_tf", "title_length", "content_length")
+_TYPES = (">i8", ">i4", ">i4", ">i4", ">i4")
+
+# Packs a table of one row per posting (columns as keyword_staging's) into blocks: each term's postings
+# in chunk-row order, cut every {block} (BLOCK_POSTINGS).
+PACK_SQL = """
+INSERT INTO keyword_blocks
+SELECT collection_id, term, MIN(chunk_row),
+       string_agg(int8send(chunk_row), ''::bytea ORDER BY chunk_row),
+       string_agg(int4send(title_tf), ''::bytea ORDER BY chunk_row),
+       string_agg(int4send(content_tf), ''::bytea ORDER BY chunk_row),
+       string_agg(int4send(title_length), ''::bytea ORDER BY chunk_row),
+       string_agg(int4send(content_length), ''::bytea ORDER BY chunk_row)
+FROM (SELECT *, (row_number() OVER (PARTITION BY collection_id, term ORDER BY chunk_row) - 1)
+                / {block} AS block
+      FROM {source}) AS numbered
+GROUP BY collection_id, term, block"""
+
+CREATE_TABLE_SQL = """
+CREATE TABLE keyword_blocks (
+    collection_id  TEXT NOT NULL,
+    term           TEXT NOT NULL,
+    first_row      BIGINT NOT NULL,
+    chunk_rows     BYTEA NOT NULL,
+    title_tf       BYTEA NOT NULL,
+    content_tf     BYTEA NOT NULL,
+    title_length   BYTEA NOT NULL,
+    content_length BYTEA NOT NULL,
+    PRIMARY KEY (collection_id, term, first_row)
+)"""
+
+# A query's postings: one row per term, each column the term's blocks joined, as the scoring reads them.
+POSTINGS_SQL = """
+SELECT term, string_agg(chunk_rows, ''::bytea ORDER BY first_row),
+       string_agg(title_tf, ''::bytea ORDER BY first_row),
+       string_agg(content_tf, ''::bytea ORDER BY first_row),
+       string_agg(title_length, ''::bytea ORDER BY first_row),
+       string_agg(content_length, ''::bytea ORDER BY first_row)
+FROM keyword_blocks WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"""
+# The same for the blocks holding given (term, chunk row) pairs (MaxScore's frequent terms, for the chunks
+# still in the running), each block once; the caller keeps the wanted chunks' postings.
+POSTINGS_OF_CHUNKS_SQL = """
+SELECT b.term, string_agg(b.chunk_rows, ''::bytea ORDER BY b.first_row),
+       string_agg(b.title_tf, ''::bytea ORDER BY b.first_row),
+       string_agg(b.content_tf, ''::bytea ORDER BY b.first_row),
+       string_agg(b.title_length, ''::bytea ORDER BY b.first_row),
+       string_agg(b.content_length, ''::bytea ORDER BY b.first_row)
+FROM keyword_blocks b
+WHERE b.collection_id = %(collection)s AND (b.term, b.first_row) IN (
+    SELECT w.term, (SELECT MAX(x.first_row) FROM keyword_blocks x
+                    WHERE x.collection_id = %(collection)s AND x.term = w.term AND x.first_row <= w.chunk_row)
+    FROM unnest(%(terms)s::text[], %(rows)s::bigint[]) AS w(term, chunk_row))
+GROUP BY b.term"""
+
+_STAGING_SQL = """
+CREATE TEMPORARY TABLE IF NOT EXISTS keyword_staging (
+    collection_id TEXT, term TEXT, chunk_row BIGINT, title_tf INTEGER, content_tf INTEGER,
+    title_length INTEGER, content_length INTEGER
+) ON COMMIT DELETE ROWS"""
+# The block holding each (term, chunk row) pair.
+_HOLDING_SQL = """
+SELECT b.term, b.first_row, b.chunk_rows, b.title_tf, b.content_tf, b.title_length, b.content_length
+FROM unnest(%s::text[], %s::bigint[]) AS w(term, chunk_row)
+CROSS JOIN LATERAL (SELECT * FROM keyword_blocks x WHERE x.collection_id = %s AND x.term = w.term
+                    AND x.first_row <= w.chunk_row ORDER BY x.first_row DESC LIMIT 1) AS b"""
+# Each term's last block.
+_LAST_SQL = """
+SELECT b.term, b.first_row, b.chunk_rows, b.title_tf, b.content_tf, b.title_length, b.content_length
+FROM unnest(%s::text[]) AS w(term)
+CROSS JOIN LATERAL (SELECT * FROM keyword_blocks x WHERE x.collection_id = %s AND x.term = w.term
+                    ORDER BY x.first_row DESC LIMIT 1) AS b"""
+_INSERT_SQL = "INSERT INTO keyword_blocks VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+_UPDATE_SQL = """UPDATE keyword_blocks SET chunk_rows = %s, title_tf = %s, content_tf = %s, title_length = %s,
+    content_length = %s WHERE collection_id = %s AND term = %s AND first_row = %s"""
+_DELETE_SQL = "DELETE FROM keyword_blocks WHERE collection_id = %s AND term = %s AND first_row = %s"
+
+
+def _decode(row: tuple[Any, ...]) -> npt.NDArray[np.int64]:
+    """A block's columns (after term and first_row) as rows of (chunk_row, title_tf, ... content_length)."""
+    return np.stack(
+        [np.frombuffer(bytes(row[2 + i]), dtype=kind).astype(np.int64) for i, kind in enumerate(_TYPES)],
+        axis=1,
+    )
+
+
+def _encode(postings: npt.NDArray[np.int64]) -> list[bytes]:
+    """The five packed columns of postings given as rows (chunk_row, title_tf, ... content_length)."""
+    return [postings[:, i].astype(kind).tobytes() for i, kind in enumerate(_TYPES)]
+
+
+def _as_array(postings: list[Posting]) -> npt.NDArray[np.int64]:
+    return np.asarray([posting[2:] for posting in postings], dtype=np.int64).reshape(-1, 5)
+
+
+def append_postings(connection: Connection[Any], collection_id: str, postings: list[Posting]) -> None:
+    """Add new chunks' postings: into each term's last block while it has room, then into new blocks.
+
+    A chunk row below its term's last one (not from this store's writers) has that term repacked whole.
+    """
+    if not postings:
+        return
+    by_term: dict[str, list[Posting]] = defaultdict(list)
+    for posting in postings:
+        by_term[posting[1]].append(posting)
+    terms = sorted(by_term)
+    with connection.cursor(row_factory=tuple_row) as cursor:
+        last = {row[0]: row for row in cursor.execute(_LAST_SQL, (terms, collection_id)).fetchall()}
+        updates: list[tuple[Any, ...]] = []
+        inserts: list[tuple[Any, ...]] = []
+        for term in terms:
+            new = _as_array(by_term[term])
+            new = new[np.argsort(new[:, 0], kind="stable")]
+            held = last.get(term)
+            if held is not None:
+                old = _decode(held)
+                if new[0, 0] <= old[-1, 0]:  # out of order: the term's blocks built again
+                    _repack_term(cursor, collection_id, term, new)
+                    continue
+                room = BLOCK_POSTINGS - len(old)
+                if room > 0:
+                    updates.append(
+                        (*_encode(np.concatenate([old, new[:room]])), collection_id, term, held[1])
+                    )
+                    new = new[room:]
+            for start in range(0, len(new), BLOCK_POSTINGS):
+                block = new[start : start + BLOCK_POSTINGS]
+                inserts.append((collection_id, term, int(block[0, 0]), *_encode(block)))
+        if updates:
+            cursor.executemany(_UPDATE_SQL, updates)
+        if inserts:
+            cursor.executemany(_INSERT_SQL, inserts)
+
+
+def _repack_term(cursor: Any, collection_id: str, term: str, new: npt.NDArray[np.int64]) -> None:
+    """One term's blocks rebuilt with the given postings added (rows in any order)."""
+    rows = cursor.execute(
+        "DELETE FROM keyword_blocks WHERE collection_id = %s AND term = %s "
+        "RETURNING term, first_row, chunk_rows, title_tf, content_tf, title_length, content_length",
+        (collection_id, term),
+    ).fetchall()
+    every = np.concatenate([*(_decode(row) for row in rows), new])
+    every = every[np.argsort(every[:, 0], kind="stable")]
+    cursor.executemany(
+        _INSERT_SQL,
+        [
+            (collection_id, term, int(every[start, 0]), *_encode(every[start : start + BLOCK_POSTINGS]))
+            for start in range(0, len(every), BLOCK_POSTINGS)
+        ],
+    )
+
+
+def remove_postings(connection: Connection[Any], collection_id: str, pairs: list[tuple[str, int]]) -> None:
+    """Take the (term, chunk row) postings out of their blocks; a block left empty goes."""
+    if not pairs:
+        return
+    gone: dict[str, set[int]] = defaultdict(set)
+    for term, row in pairs:
+        gone[term].add(row)
+    with connection.cursor(row_factory=tuple_row) as cursor:
+        held = cursor.execute(
+            _HOLDING_SQL, ([term for term, _ in pairs], [row for _, row in pairs], collection_id)
+        ).fetchall()
+        blocks = {(row[0], row[1]): row for row in held}  # a block holding several of them, once
+        updates: list[tuple[Any, ...]] = []
+        deletes: list[tuple[Any, ...]] = []
+        for (term, first_row), block in sorted(blocks.items()):
+            postings = _decode(block)
+            kept = postings[~np.isin(postings[:, 0], list(gone[term]))]
+            if len(kept) == len(postings):
+                continue
+            if len(kept):
+                updates.append((*_encode(kept), collection_id, term, first_row))
+            else:
+                deletes.append((collection_id, term, first_row))
+        if updates:
+            cursor.executemany(_UPDATE_SQL, updates)
+        if deletes:
+            cursor.executemany(_DELETE_SQL, deletes)
+
+
+def stage_postings(connection: Connection[Any], postings: list[Posting]) -> None:
+    """The bulk path: postings copied into this session's staging table, packed by pack_staged()."""
+    connection.execute(_STAGING_SQL)
+    with (
+        connection.cursor() as cursor,
+        cursor.copy("COPY keyword_staging FROM STDIN (FORMAT BINARY)") as copy,
+    ):
+        copy.set_types(["text", "text", "int8", "int4", "int4", "int4", "int4"])
+        for posting in postings:
+            copy.write_row(posting)
+
+
+def pack_staged(connection: Connection[Any]) -> None:
+    """The staged postings packed into blocks after every block of their terms (their rows are newer)."""
+    connection.execute(PACK_SQL.format(source="keyword_staging", block=BLOCK_POSTINGS))
+    connection.execute("DELETE FROM keyword_staging")
+
+
+def delete_collection(connection: Connection[Any], collection_id: str) -> None:
+    """Every block of the collection."""
+    connection.execute("DELETE FROM keyword_blocks WHERE collection_id = %s", (collection_id,))
