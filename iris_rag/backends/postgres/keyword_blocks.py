@@ -17,6 +17,7 @@ postings are taken out of the blocks holding them (found again from its text, as
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,8 @@ BLOCK_POSTINGS = 64
 
 # (collection_id, term, chunk_row, title_tf, content_tf, title_length, content_length)
 Posting = tuple[str, str, int, int, int, int, int]
+# (term, first_row, the five packed columns)
+Block = tuple[str, int, list[bytes]]
 
 _COLUMNS = ("chunk_rows", "title_tf", "content_tf", "title_length", "content_length")
 _TYPES = (">i8", ">i4", ">i4", ">i4", ">i4")
@@ -96,16 +99,26 @@ SELECT b.term, b.first_row, b.chunk_rows, b.title_tf, b.content_tf, b.title_leng
 FROM unnest(%s::text[], %s::bigint[]) AS w(term, chunk_row)
 CROSS JOIN LATERAL (SELECT * FROM keyword_blocks x WHERE x.collection_id = %s AND x.term = w.term
                     AND x.first_row <= w.chunk_row ORDER BY x.first_row DESC LIMIT 1) AS b"""
-# Each term's last block.
+# Each term's last block: its first row, how many postings it holds and its last chunk row (8 bytes).
 _LAST_SQL = """
-SELECT b.term, b.first_row, b.chunk_rows, b.title_tf, b.content_tf, b.title_length, b.content_length
+SELECT b.term, b.first_row, octet_length(b.chunk_rows) / 8,
+       substring(b.chunk_rows FROM octet_length(b.chunk_rows) - 7)
 FROM unnest(%s::text[]) AS w(term)
 CROSS JOIN LATERAL (SELECT * FROM keyword_blocks x WHERE x.collection_id = %s AND x.term = w.term
                     ORDER BY x.first_row DESC LIMIT 1) AS b"""
-_INSERT_SQL = "INSERT INTO keyword_blocks VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-_UPDATE_SQL = """UPDATE keyword_blocks SET chunk_rows = %s, title_tf = %s, content_tf = %s, title_length = %s,
-    content_length = %s WHERE collection_id = %s AND term = %s AND first_row = %s"""
-_DELETE_SQL = "DELETE FROM keyword_blocks WHERE collection_id = %s AND term = %s AND first_row = %s"
+# Blocks written, extended, rewritten and deleted many at a time (one statement each, a row per block).
+_BLOCKS = """unnest(%s::text[], %s::bigint[], %s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[])
+    AS u(term, first_row, chunk_rows, title_tf, content_tf, title_length, content_length)"""
+_INSERT_SQL = f"INSERT INTO keyword_blocks SELECT %s, * FROM {_BLOCKS}"
+_EXTEND_SQL = f"""UPDATE keyword_blocks b SET chunk_rows = b.chunk_rows || u.chunk_rows,
+    title_tf = b.title_tf || u.title_tf, content_tf = b.content_tf || u.content_tf,
+    title_length = b.title_length || u.title_length, content_length = b.content_length || u.content_length
+FROM {_BLOCKS} WHERE b.collection_id = %s AND b.term = u.term AND b.first_row = u.first_row"""
+_REWRITE_SQL = f"""UPDATE keyword_blocks b SET chunk_rows = u.chunk_rows, title_tf = u.title_tf,
+    content_tf = u.content_tf, title_length = u.title_length, content_length = u.content_length
+FROM {_BLOCKS} WHERE b.collection_id = %s AND b.term = u.term AND b.first_row = u.first_row"""
+_DELETE_SQL = """DELETE FROM keyword_blocks b USING unnest(%s::text[], %s::bigint[]) AS u(term, first_row)
+WHERE b.collection_id = %s AND b.term = u.term AND b.first_row = u.first_row"""
 
 
 def _decode(row: tuple[Any, ...]) -> npt.NDArray[np.int64]:
@@ -125,8 +138,47 @@ def _as_array(postings: list[Posting]) -> npt.NDArray[np.int64]:
     return np.asarray([posting[2:] for posting in postings], dtype=np.int64).reshape(-1, 5)
 
 
+def _columns(blocks: Sequence[Block]) -> list[list[Any]]:
+    """Blocks given as (term, first_row, packed columns) as the seven arrays _BLOCKS unnests."""
+    return [
+        [term for term, _, _ in blocks],
+        [first_row for _, first_row, _ in blocks],
+        *([packed[i] for _, _, packed in blocks] for i in range(len(_TYPES))),
+    ]
+
+
+def _write(
+    cursor: Any,
+    collection_id: str,
+    *,
+    inserts: Sequence[Block] = (),
+    extends: Sequence[Block] = (),
+    rewrites: Sequence[Block] = (),
+    deletes: Sequence[tuple[str, int]] = (),
+) -> None:
+    """Blocks deleted, rewritten, extended (their columns appended to) and inserted: a statement each."""
+    if deletes:
+        cursor.execute(
+            _DELETE_SQL, ([term for term, _ in deletes], [first for _, first in deletes], collection_id)
+        )
+    if rewrites:
+        cursor.execute(_REWRITE_SQL, (*_columns(rewrites), collection_id))
+    if extends:
+        cursor.execute(_EXTEND_SQL, (*_columns(extends), collection_id))
+    if inserts:
+        cursor.execute(_INSERT_SQL, (collection_id, *_columns(inserts)))
+
+
+def _cut(term: str, postings: npt.NDArray[np.int64]) -> list[Block]:
+    """Postings (sorted by chunk row) as new blocks of BLOCK_POSTINGS."""
+    return [
+        (term, int(postings[start, 0]), _encode(postings[start : start + BLOCK_POSTINGS]))
+        for start in range(0, len(postings), BLOCK_POSTINGS)
+    ]
+
+
 def append_postings(connection: Connection[Any], collection_id: str, postings: list[Posting]) -> None:
-    """Add new chunks' postings: into each term's last block while it has room, then into new blocks.
+    """Add new chunks' postings: onto each term's last block while it has room, then as new blocks.
 
     A chunk row below its term's last one (not from this store's writers) has that term repacked whole.
     """
@@ -138,30 +190,23 @@ def append_postings(connection: Connection[Any], collection_id: str, postings: l
     terms = sorted(by_term)
     with connection.cursor(row_factory=tuple_row) as cursor:
         last = {row[0]: row for row in cursor.execute(_LAST_SQL, (terms, collection_id)).fetchall()}
-        updates: list[tuple[Any, ...]] = []
-        inserts: list[tuple[Any, ...]] = []
+        extends: list[Block] = []
+        inserts: list[Block] = []
         for term in terms:
             new = _as_array(by_term[term])
             new = new[np.argsort(new[:, 0], kind="stable")]
             held = last.get(term)
             if held is not None:
-                old = _decode(held)
-                if new[0, 0] <= old[-1, 0]:  # out of order: the term's blocks built again
-                    _repack_term(cursor, collection_id, term, new)
+                _, first_row, count, last_row = held
+                if new[0, 0] <= int(np.frombuffer(bytes(last_row), dtype=">i8")[0]):
+                    _repack_term(cursor, collection_id, term, new)  # out of order
                     continue
-                room = BLOCK_POSTINGS - len(old)
-                if room > 0:
-                    updates.append(
-                        (*_encode(np.concatenate([old, new[:room]])), collection_id, term, held[1])
-                    )
+                room = max(0, BLOCK_POSTINGS - int(count))
+                if room:
+                    extends.append((term, int(first_row), _encode(new[:room])))
                     new = new[room:]
-            for start in range(0, len(new), BLOCK_POSTINGS):
-                block = new[start : start + BLOCK_POSTINGS]
-                inserts.append((collection_id, term, int(block[0, 0]), *_encode(block)))
-        if updates:
-            cursor.executemany(_UPDATE_SQL, updates)
-        if inserts:
-            cursor.executemany(_INSERT_SQL, inserts)
+            inserts.extend(_cut(term, new))
+        _write(cursor, collection_id, extends=extends, inserts=inserts)
 
 
 def _repack_term(cursor: Any, collection_id: str, term: str, new: npt.NDArray[np.int64]) -> None:
@@ -172,14 +217,7 @@ def _repack_term(cursor: Any, collection_id: str, term: str, new: npt.NDArray[np
         (collection_id, term),
     ).fetchall()
     every = np.concatenate([*(_decode(row) for row in rows), new])
-    every = every[np.argsort(every[:, 0], kind="stable")]
-    cursor.executemany(
-        _INSERT_SQL,
-        [
-            (collection_id, term, int(every[start, 0]), *_encode(every[start : start + BLOCK_POSTINGS]))
-            for start in range(0, len(every), BLOCK_POSTINGS)
-        ],
-    )
+    _write(cursor, collection_id, inserts=_cut(term, every[np.argsort(every[:, 0], kind="stable")]))
 
 
 def remove_postings(connection: Connection[Any], collection_id: str, pairs: list[tuple[str, int]]) -> None:
@@ -194,21 +232,18 @@ def remove_postings(connection: Connection[Any], collection_id: str, pairs: list
             _HOLDING_SQL, ([term for term, _ in pairs], [row for _, row in pairs], collection_id)
         ).fetchall()
         blocks = {(row[0], row[1]): row for row in held}  # a block holding several of them, once
-        updates: list[tuple[Any, ...]] = []
-        deletes: list[tuple[Any, ...]] = []
+        rewrites: list[Block] = []
+        deletes: list[tuple[str, int]] = []
         for (term, first_row), block in sorted(blocks.items()):
             postings = _decode(block)
             kept = postings[~np.isin(postings[:, 0], list(gone[term]))]
             if len(kept) == len(postings):
                 continue
             if len(kept):
-                updates.append((*_encode(kept), collection_id, term, first_row))
+                rewrites.append((term, first_row, _encode(kept)))
             else:
-                deletes.append((collection_id, term, first_row))
-        if updates:
-            cursor.executemany(_UPDATE_SQL, updates)
-        if deletes:
-            cursor.executemany(_DELETE_SQL, deletes)
+                deletes.append((term, first_row))
+        _write(cursor, collection_id, rewrites=rewrites, deletes=deletes)
 
 
 def stage_postings(connection: Connection[Any], postings: list[Posting]) -> None:
