@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,8 @@ import numpy.typing as npt
 
 K1 = 1.2
 B = 0.75
+# Chunk scores are summed over the row range (a bincount) when it spans under this many rows a posting.
+DENSE_SPAN_PER_POSTING = 4
 
 _local = threading.local()
 
@@ -130,6 +133,33 @@ def _bm25(
     return np.where(tf > 0, idf * (tf * (K1 + 1)) / (tf + norm), 0.0)
 
 
+def _per_chunk(
+    chunk_row: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]]:
+    """The distinct chunk rows (ascending), and a sum of per-posting values per chunk in that order.
+
+    Each chunk's values are added in posting order either way. Where the rows are dense (a large query
+    over a collection written in one run), a bincount over the row range replaces np.unique's sort: a
+    third of the scoring time of a query with a million postings.
+    """
+    if len(chunk_row) and int(chunk_row.max() - chunk_row.min()) < DENSE_SPAN_PER_POSTING * len(chunk_row):
+        low = int(chunk_row.min())
+        offset = chunk_row - low
+        span = int(offset.max()) + 1
+        present = np.bincount(offset, minlength=span) > 0
+
+        def dense(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+            return np.bincount(offset, weights=values, minlength=span)[present].astype(np.float64)
+
+        return np.flatnonzero(present).astype(np.int64) + low, dense
+    rows, chunk_of = np.unique(chunk_row, return_inverse=True)
+
+    def sparse(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        return np.bincount(chunk_of, weights=values, minlength=len(rows)).astype(np.float64)
+
+    return rows, sparse
+
+
 def bm25_scores(
     postings: Postings,
     weights: npt.NDArray[np.float64],
@@ -145,16 +175,13 @@ def bm25_scores(
     own BM25 (own IDF over the chunks having the field, own average length), t = title_weight x title
     score, c = content score, max(t, c) + 0.5 x min(t, c). A term of weight w counts w times.
     """
-    chunk_rows, chunk_of = np.unique(postings.chunk_row, return_inverse=True)
+    chunk_rows, per_chunk = _per_chunk(postings.chunk_row)
     terms = len(weights)
     weight = weights[postings.term]
 
     def per_term_hits(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
         counts = np.bincount(postings.term[mask], minlength=terms).astype(np.float64)
         return counts[postings.term]
-
-    def per_chunk(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        return np.bincount(chunk_of, weights=values, minlength=len(chunk_rows)).astype(np.float64)
 
     if scoring == "flat":
         tf = title_weight * postings.title_tf + postings.content_tf
@@ -210,12 +237,9 @@ def bm25_parts(
     combine_parts() of the parts over all of a query's postings is bm25_scores(); over some of its terms,
     the sums over those terms. flat: the title part is 0 and the content part is the flat score.
     """
-    chunk_rows, chunk_of = np.unique(postings.chunk_row, return_inverse=True)
+    chunk_rows, per_chunk = _per_chunk(postings.chunk_row)
     weight = weights[postings.term]
     title_idf, content_idf = _term_idfs(counts, totals, scoring)
-
-    def per_chunk(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        return np.bincount(chunk_of, weights=values, minlength=len(chunk_rows)).astype(np.float64)
 
     if scoring == "flat":
         tf = title_weight * postings.title_tf + postings.content_tf
@@ -233,6 +257,71 @@ def bm25_parts(
         * _bm25(postings.content_tf, postings.content_length, content_average, content_idf[postings.term])
     )
     return chunk_rows, title, content
+
+
+class PartialParts:
+    """Chunks' (title part, content part) summed a term at a time, as MaxScore reads its terms.
+
+    Held over the chunk rows' range (a term's postings add with one indexed +=) while that range stays
+    within DENSE_SPAN_PER_POSTING rows a chunk of the collection (17 bytes a row); past that (a collection
+    whose rows are spread among others'), as sorted arrays merged term by term.
+    """
+
+    def __init__(self, collection_chunks: int) -> None:
+        self._most = DENSE_SPAN_PER_POSTING * max(collection_chunks, 1)
+        self._low = 0
+        self._title = np.zeros(0)
+        self._content = np.zeros(0)
+        self._seen = np.zeros(0, dtype=bool)
+        self._held = False
+        self._sparse: tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]] | None
+        self._sparse = None
+
+    def add(
+        self, rows: npt.NDArray[np.int64], title: npt.NDArray[np.float64], content: npt.NDArray[np.float64]
+    ) -> None:
+        """One term's parts (its rows distinct) added."""
+        if not len(rows):
+            return
+        low, high = int(rows.min()), int(rows.max())
+        if self._held:
+            low, high = min(low, self._low), max(high, self._low + len(self._seen) - 1)
+        if self._sparse is not None or high - low + 1 > self._most:
+            self._merge(rows, title, content)
+            return
+        if low != self._low or high - low + 1 != len(self._seen):
+            size, shift = high - low + 1, self._low - low
+            widened = np.zeros((2, size)), np.zeros(size, dtype=bool)
+            if self._held:
+                widened[0][0, shift : shift + len(self._seen)] = self._title
+                widened[0][1, shift : shift + len(self._seen)] = self._content
+                widened[1][shift : shift + len(self._seen)] = self._seen
+            self._low, self._title, self._content, self._seen = low, *widened[0], widened[1]
+        at = rows - low
+        self._held = True
+        self._title[at] += title
+        self._content[at] += content
+        self._seen[at] = True
+
+    def _merge(
+        self, rows: npt.NDArray[np.int64], title: npt.NDArray[np.float64], content: npt.NDArray[np.float64]
+    ) -> None:
+        held = self.arrays()
+        merged = np.union1d(held[0], rows)
+        sums = np.zeros((2, len(merged)))
+        for part_rows, part_title, part_content in (held, (rows, title, content)):
+            at = np.searchsorted(merged, part_rows)
+            sums[0, at] += part_title
+            sums[1, at] += part_content
+        self._sparse = merged, sums[0], sums[1]
+        self._held = True
+
+    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """(chunk rows ascending, title parts, content parts)."""
+        if self._sparse is not None:
+            return self._sparse
+        held = np.flatnonzero(self._seen)
+        return held.astype(np.int64) + self._low, self._title[held], self._content[held]
 
 
 def combine_parts(

@@ -73,19 +73,19 @@ SELECT term, string_agg(chunk_rows, ''::bytea ORDER BY first_row),
        string_agg(title_length, ''::bytea ORDER BY first_row),
        string_agg(content_length, ''::bytea ORDER BY first_row)
 FROM keyword_blocks WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"""
-# The same for the blocks holding given (term, chunk row) pairs (MaxScore's frequent terms, for the chunks
-# still in the running), each block once; the caller keeps the wanted chunks' postings.
-POSTINGS_OF_CHUNKS_SQL = """
+# Where each of some terms' blocks starts (the primary key alone): one row per term, first rows packed.
+BLOCK_STARTS_SQL = """
+SELECT term, string_agg(int8send(first_row), ''::bytea ORDER BY first_row)
+FROM keyword_blocks WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"""
+# Given blocks (term, first_row) of a collection, as POSTINGS_SQL returns them.
+BLOCKS_SQL = """
 SELECT b.term, string_agg(b.chunk_rows, ''::bytea ORDER BY b.first_row),
        string_agg(b.title_tf, ''::bytea ORDER BY b.first_row),
        string_agg(b.content_tf, ''::bytea ORDER BY b.first_row),
        string_agg(b.title_length, ''::bytea ORDER BY b.first_row),
        string_agg(b.content_length, ''::bytea ORDER BY b.first_row)
-FROM keyword_blocks b
-WHERE b.collection_id = %(collection)s AND (b.term, b.first_row) IN (
-    SELECT w.term, (SELECT MAX(x.first_row) FROM keyword_blocks x
-                    WHERE x.collection_id = %(collection)s AND x.term = w.term AND x.first_row <= w.chunk_row)
-    FROM unnest(%(terms)s::text[], %(rows)s::bigint[]) AS w(term, chunk_row))
+FROM unnest(%s::text[], %s::bigint[]) AS w(term, first_row)
+JOIN keyword_blocks b ON b.collection_id = %s AND b.term = w.term AND b.first_row = w.first_row
 GROUP BY b.term"""
 
 _STAGING_SQL = """

@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from iris_rag.backends.common.bm25 import (
+    PartialParts,
     Postings,
     TermCounts,
     Totals,
@@ -35,7 +36,7 @@ from iris_rag.backends.common.bm25 import (
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.postgres import keyword_blocks
 from iris_rag.backends.postgres.filters import to_sql
-from iris_rag.backends.postgres.keyword_blocks import POSTINGS_OF_CHUNKS_SQL, POSTINGS_SQL, Posting
+from iris_rag.backends.postgres.keyword_blocks import BLOCK_STARTS_SQL, BLOCKS_SQL, POSTINGS_SQL, Posting
 from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
 from iris_rag.redaction import redact
@@ -68,8 +69,13 @@ Row = dict[str, Any]
 # from one build to the next with pgvector's default ef_construction of 64, so new indexes are built with 128:
 # a better graph costs ingest time, not query time; an ef_search above 200 tripled rag_basic's p50).
 EXACT_SEARCH_MAX_CHUNKS = 2_000
-# Candidates the HNSW search keeps (pgvector's default is 40): at least this many, and 2 x top_k.
+# Candidates the HNSW search keeps (pgvector's default is 40): at least this many, 2 x top_k, and one per
+# CHUNKS_PER_CANDIDATE chunks of the collection, up to pgvector's most (1,000). A fixed 200 held recall@10
+# at 0.99 over 100K chunks but let it fall to 0.945 at 500K and 0.85 at 1M (bench_scale's clustered
+# vectors); 1,000 at 1M gives 0.971 for 5 ms more a search (docs/benchmarks.md).
 MIN_EF_SEARCH = 200
+CHUNKS_PER_CANDIDATE = 1_000
+MAX_EF_SEARCH = 1_000
 # An upsert of at least this many chunks (or any upsert inside bulk_load()) writes its documents, chunks and
 # keyword postings by binary COPY, a few statements per batch, instead of an INSERT per row.
 BULK_MIN_CHUNKS = 500
@@ -83,10 +89,14 @@ HNSW_BUILD_WORKERS = 4
 # rarer terms are read whole, those of its frequent terms only for the chunks that can still reach the top
 # (keyword_terms' counts give the IDF and each term's bound). Below it every posting is read, as before.
 PRUNE_MIN_POSTINGS = 20_000
-# What one (term, chunk) lookup of the primary key costs, in postings read as a term's run: about 8 us
-# against 1-1.5 us (100K chunks). MaxScore looks the frequent terms up for its remaining chunks only where
-# that costs less than reading those terms whole.
-LOOKUP_COST_POSTINGS = 8
+# What reading one block by its key costs, in blocks read as part of a term's run. MaxScore reads only the
+# frequent terms' blocks that hold its remaining chunks where that costs less than reading those terms whole.
+BLOCK_LOOKUP_COST = 2
+
+
+def ef_search(top_k: int, chunks: int) -> int:
+    """hnsw.ef_search for a search of top_k over a collection of this many chunks."""
+    return max(MIN_EF_SEARCH, min(MAX_EF_SEARCH, max(2 * top_k, chunks // CHUNKS_PER_CANDIDATE)))
 
 
 def _now() -> str:
@@ -814,7 +824,7 @@ class PostgresStore:
             with self.transaction() as connection:
                 # Enough candidates for top_k: the default (40) would cap the results.
                 connection.execute(
-                    sql.SQL("SET LOCAL hnsw.ef_search = {}").format(max(MIN_EF_SEARCH, min(1000, 2 * top_k)))
+                    sql.SQL("SET LOCAL hnsw.ef_search = {}").format(ef_search(top_k, int(info["chunks"])))
                 )
                 # For a LIMIT near 100 the planner costs a sequential scan and sort below the index
                 # (35 ms against 3 ms on SciFact's 10,299 chunks): this statement is for the index.
@@ -911,6 +921,10 @@ class PostgresStore:
         if allowed_rows is not None:
             keep = np.isin(chunk_rows, allowed_rows)
             chunk_rows, scores = chunk_rows[keep], scores[keep]
+        if len(scores) > top_k:  # the top_k and their ties only: sorting a million scores took ~100 ms
+            kth = np.partition(scores, len(scores) - top_k)[len(scores) - top_k]
+            near = np.flatnonzero(scores >= kth)
+            chunk_rows, scores = chunk_rows[near], scores[near]
         # Best first; equal scores by chunk row (insertion order), as the SQL store did.
         order = np.lexsort((chunk_rows, -scores))[:top_k]
         best = [int(row) for row in chunk_rows[order]]
@@ -944,8 +958,8 @@ class PostgresStore:
         scores below that bound, and a chunk of the essential postings below its partial score plus that
         bound. Once the bound of the rest is below the top_k-th partial score (a floor under the final
         top_k-th score), only the chunks whose partial score plus the bound reaches that floor can rank:
-        the rest's postings are looked up for them alone (where that is cheaper than reading the rest
-        whole), and their scores are exact. Otherwise the next term is read whole, up to every term
+        the rest's blocks holding them are read (where that costs less than reading the rest whole), and
+        their scores are exact. Otherwise the next term is read whole, up to every term
         (then it is the unpruned ranking).
         """
         index = {term: i for i, term in enumerate(stems)}
@@ -959,14 +973,22 @@ class PostgresStore:
         title_bound, content_bound = bm25_bounds(weights, totals, scoring, title_weight, counts)
         terms = sorted(counted, key=lambda term: (int(counted[term]["chunks"]), term))
         read: list[tuple[Any, ...]] = []
+        starts: dict[str, npt.NDArray[np.int64]] = {}  # where each frequent term's blocks start
+        partial_parts = PartialParts(totals.chunks)
         with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
             for essential in range(1, len(terms) + 1):
-                read += cursor.execute(POSTINGS_SQL, (collection_id, [terms[essential - 1]])).fetchall()
-                postings = _postings(read, index)
-                rows, title, content = bm25_parts(postings, weights, totals, scoring, title_weight, counts)
+                new = cursor.execute(POSTINGS_SQL, (collection_id, [terms[essential - 1]])).fetchall()
+                read += new
                 rest = [index[term] for term in terms[essential:]]
                 if not rest:
                     break
+                # The essential terms' parts so far, a term added at a time: they only steer the pruning
+                # (bm25_bounds leave a margin for the order of the sums); the scores returned are summed
+                # in the query's term order, as the unpruned ranking sums them.
+                partial_parts.add(
+                    *bm25_parts(_postings(new, index), weights, totals, scoring, title_weight, counts)
+                )
+                rows, title, content = partial_parts.arrays()
                 if allowed is not None:
                     keep = np.isin(rows, allowed)
                     rows, title, content = rows[keep], title[keep], content[keep]
@@ -980,18 +1002,22 @@ class PostgresStore:
                     continue
                 hopeful = rows[combine_parts(title + rest_title, content + rest_content, scoring) >= floor]
                 remaining = terms[essential:]
-                if len(hopeful) * len(remaining) * LOOKUP_COST_POSTINGS >= sum(
-                    int(counted[term]["chunks"]) for term in remaining
-                ):
+                for term, packed in cursor.execute(
+                    BLOCK_STARTS_SQL, (collection_id, [t for t in remaining if t not in starts])
+                ).fetchall():
+                    starts[term] = np.frombuffer(packed, dtype=">i8").astype(np.int64)
+                # The blocks holding the remaining chunks: the last one starting at or below each.
+                wanted = {term: _holding_blocks(starts.get(term, _NO_ROWS), hopeful) for term in remaining}
+                blocks = sum(len(w) for w in wanted.values())
+                if blocks * BLOCK_LOOKUP_COST >= sum(len(starts.get(term, _NO_ROWS)) for term in remaining):
                     continue  # cheaper to read the next term whole
-                chunk_list = hopeful.tolist()
                 more = cursor.execute(
-                    POSTINGS_OF_CHUNKS_SQL,
-                    {
-                        "collection": collection_id,
-                        "terms": [term for term in remaining for _ in chunk_list],
-                        "rows": chunk_list * len(remaining),
-                    },
+                    BLOCKS_SQL,
+                    (
+                        [term for term in remaining for _ in wanted[term]],
+                        [int(first) for term in remaining for first in wanted[term]],
+                        collection_id,
+                    ),
                 ).fetchall()
                 whole = _postings(read + more, index)
                 keep = np.isin(whole.chunk_row, hopeful)
@@ -1005,6 +1031,9 @@ class PostgresStore:
                 )
                 return rows, combine_parts(title, content, scoring)
         # Every term read whole: the unpruned ranking.
+        rows, title, content = bm25_parts(
+            _postings(read, index), weights, totals, scoring, title_weight, counts
+        )
         return rows, combine_parts(title, content, scoring)
 
     @staticmethod
@@ -1233,6 +1262,17 @@ def _postings(rows: list[tuple[Any, ...]], index: dict[str, int]) -> Postings:
         title_length=_column(rows, 4, ">i4").astype(np.float64),
         content_length=_column(rows, 5, ">i4").astype(np.float64),
     )
+
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+def _holding_blocks(
+    starts: npt.NDArray[np.int64], chunk_rows: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The first rows of the blocks (starting at `starts`, ascending) that may hold the given chunk rows."""
+    at = np.searchsorted(starts, chunk_rows, side="right") - 1
+    return np.unique(starts[at[at >= 0]])
 
 
 def _column(rows: list[tuple[Any, ...]], position: int, dtype: str) -> npt.NDArray[np.int64]:

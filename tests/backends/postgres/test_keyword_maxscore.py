@@ -81,12 +81,12 @@ def _ranked(hits: list[ScoredChunk]) -> list[tuple[str, float]]:
     return [(hit.chunk_id, round(hit.score, 9)) for hit in hits]
 
 
-@pytest.mark.parametrize("lookup_cost", [0, store_module.LOOKUP_COST_POSTINGS])
+@pytest.mark.parametrize("lookup_cost", [0, store_module.BLOCK_LOOKUP_COST])
 def test_max_score_ranks_exactly_as_every_posting_does(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch, lookup_cost: int
 ) -> None:
     """With lookups at no cost, the frequent terms are looked up whenever the bound allows."""
-    monkeypatch.setattr(store_module, "LOOKUP_COST_POSTINGS", lookup_cost)
+    monkeypatch.setattr(store_module, "BLOCK_LOOKUP_COST", lookup_cost)
     counts = store.term_document_counts("c")
     by_frequency = sorted(counts, key=lambda term: (-counts[term], term))
     frequent, middling, rare = by_frequency[:15], by_frequency[15:200], by_frequency[200:]

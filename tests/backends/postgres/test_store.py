@@ -14,7 +14,7 @@ import pytest
 
 from iris_rag.backends.common.bm25 import tokens
 from iris_rag.backends.postgres.migrations import MIGRATIONS, migrate
-from iris_rag.backends.postgres.store import PostgresStore
+from iris_rag.backends.postgres.store import PostgresStore, ef_search
 from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.embedder import Embedder
 from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput, KeywordQuery, NewCollection
@@ -328,3 +328,15 @@ def test_connection_joins_the_open_transaction(store: PostgresStore) -> None:
         assert other.connection().execute("SELECT x FROM side").fetchall() == [{"x": 2}]
     finally:
         other.close()
+
+
+def test_hnsw_candidates_grow_with_the_collection() -> None:
+    """200 up to 200K chunks, one per thousand chunks past that, pgvector's 1,000 at most; 2 x top_k."""
+    assert [ef_search(10, chunks) for chunks in (0, 100_000, 500_000, 1_000_000, 5_000_000)] == [
+        200,
+        200,
+        500,
+        1_000,
+        1_000,
+    ]
+    assert ef_search(300, 10_000) == 600
