@@ -16,6 +16,8 @@ postings are taken out of the blocks holding them (found again from its text, as
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +26,8 @@ import numpy as np
 import numpy.typing as npt
 from psycopg import Connection
 from psycopg.rows import tuple_row
+
+logger = logging.getLogger(__name__)
 
 # Postings per block: 64 keep a full row (about 1.5 KB) under PostgreSQL's 2 KB TOAST threshold, so a
 # block is read from the table's own page, uncompressed.
@@ -260,8 +264,12 @@ def stage_postings(connection: Connection[Any], postings: list[Posting]) -> None
 
 def pack_staged(connection: Connection[Any]) -> None:
     """The staged postings packed into blocks after every block of their terms (their rows are newer)."""
-    connection.execute(PACK_SQL.format(source="keyword_staging", block=BLOCK_POSTINGS))
-    connection.execute("DELETE FROM keyword_staging")
+    start = time.perf_counter()
+    blocks = connection.execute(PACK_SQL.format(source="keyword_staging", block=BLOCK_POSTINGS)).rowcount
+    postings = connection.execute("DELETE FROM keyword_staging").rowcount
+    logger.info(
+        "packed %d keyword postings into %d blocks in %.1f s", postings, blocks, time.perf_counter() - start
+    )
 
 
 def delete_collection(connection: Connection[Any], collection_id: str) -> None:

@@ -957,10 +957,11 @@ class PostgresStore:
         the rest bounded (bm25_bounds: what their postings can add at most), a chunk they alone hold
         scores below that bound, and a chunk of the essential postings below its partial score plus that
         bound. Once the bound of the rest is below the top_k-th partial score (a floor under the final
-        top_k-th score), only the chunks whose partial score plus the bound reaches that floor can rank:
-        the rest's blocks holding them are read (where that costs less than reading the rest whole), and
-        their scores are exact. Otherwise the next term is read whole, up to every term
-        (then it is the unpruned ranking).
+        top_k-th score), only the chunks whose partial score plus the bound reaches that floor can rank.
+        Then the rest, a term at a time: the blocks holding those chunks are read (or the term whole, where
+        that costs less), their parts added, and the chunks whose score can no longer reach the raised
+        floor with what is left dropped. The survivors' scores are exact. Until then, the next term is
+        read whole, up to every term (then it is the unpruned ranking).
         """
         index = {term: i for i, term in enumerate(stems)}
         weights = np.asarray(list(stems.values()), dtype=np.float64)
@@ -1000,29 +1001,53 @@ class PostgresStore:
                 alone = combine_parts(np.array([rest_title]), np.array([rest_content]), scoring)[0]
                 if alone >= floor:
                     continue
-                hopeful = rows[combine_parts(title + rest_title, content + rest_content, scoring) >= floor]
+                keep = combine_parts(title + rest_title, content + rest_content, scoring) >= floor
+                hopeful, title, content = rows[keep], title[keep], content[keep]
                 remaining = terms[essential:]
                 for term, packed in cursor.execute(
                     BLOCK_STARTS_SQL, (collection_id, [t for t in remaining if t not in starts])
                 ).fetchall():
                     starts[term] = np.frombuffer(packed, dtype=">i8").astype(np.int64)
-                # The blocks holding the remaining chunks: the last one starting at or below each.
-                wanted = {term: _holding_blocks(starts.get(term, _NO_ROWS), hopeful) for term in remaining}
-                blocks = sum(len(w) for w in wanted.values())
-                if blocks * BLOCK_LOOKUP_COST >= sum(len(starts.get(term, _NO_ROWS)) for term in remaining):
-                    continue  # cheaper to read the next term whole
-                more = cursor.execute(
-                    BLOCKS_SQL,
-                    (
-                        [term for term in remaining for _ in wanted[term]],
-                        [int(first) for term in remaining for first in wanted[term]],
-                        collection_id,
-                    ),
-                ).fetchall()
-                whole = _postings(read + more, index)
-                keep = np.isin(whole.chunk_row, hopeful)
+                # The rest a term at a time, the most telling first: each adds its exact parts to the chunks
+                # still hopeful, then the floor rises and the bound of what is left falls, so fewer chunks
+                # remain to look up in the next (the most frequent terms, last, bound the least).
+                fetched: list[tuple[Any, ...]] = []
+                for position, term in enumerate(remaining):
+                    term_starts = starts.get(term, _NO_ROWS)
+                    wanted = _holding_blocks(term_starts, hopeful)
+                    if len(wanted) * BLOCK_LOOKUP_COST >= len(term_starts):
+                        found = cursor.execute(POSTINGS_SQL, (collection_id, [term])).fetchall()
+                    else:  # the blocks holding the hopeful chunks only
+                        found = cursor.execute(
+                            BLOCKS_SQL, ([term] * len(wanted), wanted.tolist(), collection_id)
+                        ).fetchall()
+                    fetched += found
+                    later = [index[t] for t in remaining[position + 1 :]]
+                    if not later:
+                        break
+                    term_rows, term_title, term_content = bm25_parts(
+                        _only(_postings(found, index), hopeful),
+                        weights,
+                        totals,
+                        scoring,
+                        title_weight,
+                        counts,
+                    )
+                    at = np.searchsorted(hopeful, term_rows)
+                    title[at] += term_title
+                    content[at] += term_content
+                    if len(hopeful) > top_k:
+                        partial = combine_parts(title, content, scoring)
+                        floor = np.partition(partial, len(partial) - top_k)[len(partial) - top_k]
+                        rest_title, rest_content = (
+                            float(title_bound[later].sum()),
+                            float(content_bound[later].sum()),
+                        )
+                        keep = combine_parts(title + rest_title, content + rest_content, scoring) >= floor
+                        hopeful, title, content = hopeful[keep], title[keep], content[keep]
+                # Their exact scores, every term summed in the query's order.
                 rows, title, content = bm25_parts(
-                    Postings(*(getattr(whole, f.name)[keep] for f in fields(Postings))),
+                    _only(_postings(read + fetched, index), hopeful),
                     weights,
                     totals,
                     scoring,
@@ -1265,6 +1290,12 @@ def _postings(rows: list[tuple[Any, ...]], index: dict[str, int]) -> Postings:
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+def _only(postings: Postings, chunk_rows: npt.NDArray[np.int64]) -> Postings:
+    """The postings of the given chunk rows."""
+    keep = np.isin(postings.chunk_row, chunk_rows)
+    return Postings(*(getattr(postings, f.name)[keep] for f in fields(Postings)))
 
 
 def _holding_blocks(
