@@ -142,7 +142,13 @@ def _per_chunk(
     over a collection written in one run), a bincount over the row range replaces np.unique's sort: a
     third of the scoring time of a query with a million postings.
     """
-    if len(chunk_row) and int(chunk_row.max() - chunk_row.min()) < DENSE_SPAN_PER_POSTING * len(chunk_row):
+    if len(chunk_row) < 2 or bool(np.all(chunk_row[1:] > chunk_row[:-1])):  # one term's: already distinct
+
+        def identity(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+            return values.astype(np.float64)
+
+        return chunk_row, identity
+    if int(chunk_row.max() - chunk_row.min()) < DENSE_SPAN_PER_POSTING * len(chunk_row):
         low = int(chunk_row.min())
         offset = chunk_row - low
         span = int(offset.max()) + 1
@@ -299,7 +305,8 @@ class PartialParts:
             self._low, self._title, self._content, self._seen = low, *widened[0], widened[1]
         at = rows - low
         self._held = True
-        self._title[at] += title
+        if title.any():  # (flat scoring's title parts are all 0)
+            self._title[at] += title
         self._content[at] += content
         self._seen[at] = True
 
