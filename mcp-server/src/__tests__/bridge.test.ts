@@ -32,6 +32,17 @@ const slowIngest = (count = 15) => ({
   })),
 });
 
+/**
+ * Alike documents: one encode, then 4 rows each to write. The worker writes them before its last cancel
+ * check, so a call cancelled or timed out once it reports "committing" runs on for the whole write (a
+ * second on this machine for a thousand), whatever the machine's speed.
+ */
+const alikeIngest = (count: number) => {
+  const content = "Retrieval-augmented generation grounds answers in retrieved text. ".repeat(60);
+  return { collection_id: "alike", documents: Array.from({ length: count }, (_, i) => ({ id: `doc-${i}`, content })) };
+};
+const basicOnly = () => ({ ...process.env, RAG_DATA_DIR: freshDataDir(), RAG_TECHNIQUES: "basic" });
+
 const isToolTable = (result: unknown) =>
   Array.isArray((result as { tools?: unknown }).tools) && (result as { tools: unknown[] }).tools.length >= 6;
 
@@ -138,8 +149,9 @@ describe("WorkerBridge against the real worker", { timeout: 240_000 }, () => {
   });
 
   it("holds a timed-out call's slot until the worker stops it, and records it once as TIMEOUT_EXCEEDED", async (t) => {
-    const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200_000 });
-    const error = await rejection(bridge.request("ingest", slowIngest(10), { timeoutMs: 300 }));
+    const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200_000, env: basicOnly() });
+    // Progress resets the time limit: it runs out 300 ms into the write, which goes on for a second.
+    const error = await rejection(bridge.request("ingest", alikeIngest(1000), { timeoutMs: 300 }));
     assert.equal(error.code, "TIMEOUT_EXCEEDED");
     assert.equal(error.details?.stage, "running");
     assert.equal(bridge.slotsInUse, 1, "the worker still runs it");
@@ -152,11 +164,15 @@ describe("WorkerBridge against the real worker", { timeout: 240_000 }, () => {
   });
 
   it("frees a slot after the cancel grace, and the worker still refuses more than MAX_CONCURRENT_REQUESTS", async (t) => {
-    const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200 });
-    const error = await rejection(bridge.request("ingest", slowIngest(30), { timeoutMs: 300 }));
-    assert.equal(error.code, "TIMEOUT_EXCEEDED");
-    await new Promise((resolve) => setTimeout(resolve, 400));
-    assert.equal(bridge.slotsInUse, 0, "a call the worker does not stop cannot hold its slot forever");
+    const bridge = realBridge(t, { maxConcurrentRequests: 1, cancelGraceMs: 200, env: basicOnly() });
+    const cancel = new AbortController();
+    const onProgress = ({ message }: { message: string }) => {
+      if (message.startsWith("committing")) cancel.abort();
+    };
+    const error = await rejection(bridge.request("ingest", alikeIngest(1000), { signal: cancel.signal, onProgress }));
+    assert.equal(error.code, "REQUEST_CANCELLED");
+    while (bridge.slotsInUse > 0) await new Promise((resolve) => setTimeout(resolve, 20));
+    // The bridge let the slot go after the grace; the worker, still writing, refuses a second call.
     const refused = await rejection(bridge.request("ingest", { ...slowIngest(1), collection_id: "second" }));
     assert.equal(refused.code, "RATE_LIMIT_EXCEEDED");
     assert.match(refused.message, /MAX_CONCURRENT_REQUESTS/);
