@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import stat
 import sys
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from mcp.types import CallToolResult, TextContent
 
 from iris_rag.schemas import tool_specs
 from tests.e2e.mcp_harness import result_json
+from tests.fake_openai import FakeOpenAIServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -25,10 +27,10 @@ CALL_TIMEOUT_S = 240
 SLOW_INGEST = {
     "collection_id": "slow",
     "documents": [
-        {"id": f"doc-{i}", "content": f"Document {i}. " + "Retrieval grounds answers in text. " * 80}
-        for i in range(12)
+        {"id": f"doc-{i}", "content": f"Document {i}. Retrieval grounds answers in text."} for i in range(3)
     ],
 }
+
 
 Connect = Callable[[dict[str, str]], AbstractAsyncContextManager[ClientSession]]
 
@@ -61,16 +63,33 @@ async def call(session: ClientSession, name: str, arguments: dict[str, Any]) -> 
     return result, result_json(result)
 
 
-async def test_time_outs_refusals_and_unknown_tools_are_each_recorded_once(connect: Connect) -> None:
-    # torch: the ingest's first token-level slice then runs with no progress for longer than the limit. Under
-    # onnx the same call first waits for the torch model to load, reporting progress each second, and its
-    # slices are short, so whether it runs past 1.5 s silent depended on the machine (it finished in 6.3 s
-    # in one CI run).
+@pytest.fixture
+def stalling_endpoint() -> Iterator[FakeOpenAIServer]:
+    """The hosted embedding API's test double, holding the slow ingest's embedding call for 4 s."""
+    endpoint = FakeOpenAIServer()
+    endpoint.on_request = lambda body: (
+        time.sleep(4) if "Retrieval grounds" in str(body.get("input")) else None
+    )
+    yield endpoint
+    endpoint.close()
+
+
+async def test_time_outs_refusals_and_unknown_tools_are_each_recorded_once(
+    connect: Connect, stalling_endpoint: FakeOpenAIServer
+) -> None:
+    # The ingest's embedding call stalls: a silent stretch well past the 1.5 s limit on any machine. (A slow
+    # local encode was the stretch before: on a quiet machine the ingest finished first, with progress.)
+    endpoint = stalling_endpoint
     limits = {
         "REQUEST_TIMEOUT_MS": "1500",
         "MAX_CONCURRENT_REQUESTS": "1",
         "MAX_QUEUED_REQUESTS": "0",
-        "EMBEDDING_BACKEND": "torch",
+        "EMBEDDING_PROVIDER": "openai",
+        "EMBEDDING_MODEL": "fake-embedder",
+        "EMBEDDING_BASE_URL": endpoint.base_url,
+        "EMBEDDING_API_KEY": "sk-e2e-embedding-key",
+        "EMBEDDING_MAX_RETRIES": "0",
+        "RAG_TECHNIQUES": "basic",
     }
     async with connect(limits) as session:
         async with anyio.create_task_group() as tasks:
