@@ -38,7 +38,6 @@ Posting = tuple[str, str, int, int, int, int, int]
 # (term, first_row, the five packed columns)
 Block = tuple[str, int, list[bytes]]
 
-_COLUMNS = ("chunk_rows", "title_tf", "content_tf", "title_length", "content_length")
 _TYPES = (">i8", ">i4", ">i4", ">i4", ">i4")
 
 # Packs a table of one row per posting (columns as keyword_staging's) into blocks: each term's postings
