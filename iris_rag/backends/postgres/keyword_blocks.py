@@ -27,6 +27,8 @@ import numpy.typing as npt
 from psycopg import Connection
 from psycopg.rows import tuple_row
 
+from iris_rag.backends.common.bm25 import Postings
+
 logger = logging.getLogger(__name__)
 
 # Postings per block: 64 keep a full row (about 1.5 KB) under PostgreSQL's 2 KB TOAST threshold, so a
@@ -68,28 +70,26 @@ CREATE TABLE keyword_blocks (
     PRIMARY KEY (collection_id, term, first_row)
 )"""
 
-# A query's postings: one row per term, each column the term's blocks joined, as the scoring reads them.
-POSTINGS_SQL = """
-SELECT term, string_agg(chunk_rows, ''::bytea ORDER BY first_row),
+# Each term's blocks joined, one bytea per column in chunk-row order: what postings_of() decodes.
+_JOINED = """term, string_agg(chunk_rows, ''::bytea ORDER BY first_row),
        string_agg(title_tf, ''::bytea ORDER BY first_row),
        string_agg(content_tf, ''::bytea ORDER BY first_row),
        string_agg(title_length, ''::bytea ORDER BY first_row),
-       string_agg(content_length, ''::bytea ORDER BY first_row)
-FROM keyword_blocks WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"""
+       string_agg(content_length, ''::bytea ORDER BY first_row)"""
+# A query's postings: one row per term.
+POSTINGS_SQL = (
+    f"SELECT {_JOINED} FROM keyword_blocks WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"
+)
 # Where each of some terms' blocks starts (the primary key alone): one row per term, first rows packed.
 BLOCK_STARTS_SQL = """
 SELECT term, string_agg(int8send(first_row), ''::bytea ORDER BY first_row)
 FROM keyword_blocks WHERE collection_id = %s AND term = ANY(%s) GROUP BY term"""
 # Given blocks (term, first_row) of a collection, as POSTINGS_SQL returns them.
-BLOCKS_SQL = """
-SELECT b.term, string_agg(b.chunk_rows, ''::bytea ORDER BY b.first_row),
-       string_agg(b.title_tf, ''::bytea ORDER BY b.first_row),
-       string_agg(b.content_tf, ''::bytea ORDER BY b.first_row),
-       string_agg(b.title_length, ''::bytea ORDER BY b.first_row),
-       string_agg(b.content_length, ''::bytea ORDER BY b.first_row)
-FROM unnest(%s::text[], %s::bigint[]) AS w(term, first_row)
-JOIN keyword_blocks b ON b.collection_id = %s AND b.term = w.term AND b.first_row = w.first_row
-GROUP BY b.term"""
+BLOCKS_SQL = f"""
+SELECT {_JOINED} FROM keyword_blocks
+JOIN unnest(%s::text[], %s::bigint[]) AS w(wanted_term, wanted_row)
+    ON term = wanted_term AND first_row = wanted_row
+WHERE collection_id = %s GROUP BY term"""
 
 _STAGING_SQL = """
 CREATE TEMPORARY TABLE IF NOT EXISTS keyword_staging (
@@ -122,6 +122,30 @@ _REWRITE_SQL = f"""UPDATE keyword_blocks b SET chunk_rows = u.chunk_rows, title_
 FROM {_BLOCKS} WHERE b.collection_id = %s AND b.term = u.term AND b.first_row = u.first_row"""
 _DELETE_SQL = """DELETE FROM keyword_blocks b USING unnest(%s::text[], %s::bigint[]) AS u(term, first_row)
 WHERE b.collection_id = %s AND b.term = u.term AND b.first_row = u.first_row"""
+
+
+def postings_of(rows: list[tuple[Any, ...]], index: dict[str, int]) -> Postings:
+    """POSTINGS_SQL's or BLOCKS_SQL's rows (a term each, its columns joined) as arrays; terms by `index`.
+
+    In the query's term order, whatever order the rows came in: each chunk's score then adds its terms
+    in one order (the float sum, and so the order of near ties, does not depend on the plan or on which
+    terms MaxScore read first).
+    """
+    rows = sorted(rows, key=lambda row: index[row[0]])
+    chunk_row, title_tf, content_tf, title_length, content_length = (
+        np.frombuffer(b"".join(row[1 + i] for row in rows), dtype=kind) for i, kind in enumerate(_TYPES)
+    )
+    return Postings(
+        term=np.concatenate(
+            [np.full(len(row[1]) // 8, index[row[0]], dtype=np.int64) for row in rows]
+            or [np.zeros(0, dtype=np.int64)]
+        ),
+        chunk_row=chunk_row.astype(np.int64),
+        title_tf=title_tf.astype(np.float64),
+        content_tf=content_tf.astype(np.float64),
+        title_length=title_length.astype(np.float64),
+        content_length=content_length.astype(np.float64),
+    )
 
 
 def _decode(row: tuple[Any, ...]) -> npt.NDArray[np.int64]:

@@ -36,7 +36,12 @@ from iris_rag.backends.common.bm25 import (
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.postgres import keyword_blocks
 from iris_rag.backends.postgres.filters import to_sql
-from iris_rag.backends.postgres.keyword_blocks import BLOCK_STARTS_SQL, BLOCKS_SQL, POSTINGS_SQL, Posting
+from iris_rag.backends.postgres.keyword_blocks import (
+    BLOCK_STARTS_SQL,
+    BLOCKS_SQL,
+    POSTINGS_SQL,
+    Posting,
+)
 from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
 from iris_rag.redaction import redact
@@ -916,7 +921,11 @@ class PostgresStore:
                     rows = cursor.execute(POSTINGS_SQL, (collection_id, list(stems))).fetchall()
                 index = {term: i for i, term in enumerate(stems)}
                 chunk_rows, scores = bm25_scores(
-                    _postings(rows, index), weights, totals, query.scoring, float(query.title_weight)
+                    keyword_blocks.postings_of(rows, index),
+                    weights,
+                    totals,
+                    query.scoring,
+                    float(query.title_weight),
                 )
         if allowed_rows is not None:
             keep = np.isin(chunk_rows, allowed_rows)
@@ -978,7 +987,7 @@ class PostgresStore:
         partial_parts = PartialParts(totals.chunks)
         with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
             for essential in range(1, len(terms) + 1):
-                new = _postings(
+                new = keyword_blocks.postings_of(
                     cursor.execute(POSTINGS_SQL, (collection_id, [terms[essential - 1]])).fetchall(), index
                 )
                 read.append(new)
@@ -1028,7 +1037,7 @@ class PostgresStore:
                         found = cursor.execute(
                             BLOCKS_SQL, ([term] * len(wanted), wanted.tolist(), collection_id)
                         ).fetchall()
-                    read.append(_only(_postings(found, index), hopeful))
+                    read.append(_only(keyword_blocks.postings_of(found, index), hopeful))
                     later = [index[t] for t in remaining[position + 1 :]]
                     if not later:
                         break
@@ -1273,32 +1282,11 @@ def _count_terms(
         counted[2] += int(content_terms[term] > 0)
 
 
-def _postings(rows: list[tuple[Any, ...]], index: dict[str, int]) -> Postings:
-    """POSTINGS_SQL's rows (a term each, its columns packed) as parallel arrays; terms by `index`.
-
-    In the query's term order, whatever order the rows came in: each chunk's score then adds its terms
-    in one order (the float sum, and so the order of near ties, does not depend on the plan or on which
-    terms MaxScore read first).
-    """
-    rows = sorted(rows, key=lambda row: index[row[0]])
-    return Postings(
-        term=np.concatenate(
-            [np.full(len(row[1]) // 8, index[row[0]], dtype=np.int64) for row in rows]
-            or [np.zeros(0, dtype=np.int64)]
-        ),
-        chunk_row=_column(rows, 1, ">i8").astype(np.int64),
-        title_tf=_column(rows, 2, ">i4").astype(np.float64),
-        content_tf=_column(rows, 3, ">i4").astype(np.float64),
-        title_length=_column(rows, 4, ">i4").astype(np.float64),
-        content_length=_column(rows, 5, ">i4").astype(np.float64),
-    )
-
-
 def _joined(parts: list[Postings]) -> Postings:
-    """Postings read a term at a time, as one, in the query's term order (as _postings orders them)."""
+    """Postings read a term at a time, as one, in the query's term order (as postings_of orders them)."""
     parts = sorted((part for part in parts if len(part.term)), key=lambda part: int(part.term[0]))
     if not parts:
-        return _postings([], {})
+        return keyword_blocks.postings_of([], {})
     return Postings(*(np.concatenate([getattr(part, f.name) for part in parts]) for f in fields(Postings)))
 
 
@@ -1321,11 +1309,6 @@ def _holding_blocks(
     """The first rows of the blocks (starting at `starts`, ascending) that may hold the given chunk rows."""
     at = np.searchsorted(starts, chunk_rows, side="right") - 1
     return np.unique(starts[at[at >= 0]])
-
-
-def _column(rows: list[tuple[Any, ...]], position: int, dtype: str) -> npt.NDArray[Any]:
-    """One packed column of every term's postings, in row order (big-endian: the caller converts)."""
-    return np.frombuffer(b"".join(row[position] for row in rows), dtype=dtype)
 
 
 _CHUNK_SELECT = """

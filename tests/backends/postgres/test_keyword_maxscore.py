@@ -101,14 +101,14 @@ def test_max_score_ranks_exactly_as_every_posting_does(
         ]
         queries.append({str(term): int(rng.integers(1, 3)) for term in picked})
     scored: list[int] = []
-    postings = store_module._postings
+    postings = keyword_blocks.postings_of
 
     def counting(rows: list[tuple[Any, ...]], index: dict[str, int]) -> Any:
         found = postings(rows, index)
         scored.append(len(found.chunk_row))
         return found
 
-    monkeypatch.setattr(store_module, "_postings", counting)
+    monkeypatch.setattr(keyword_blocks, "postings_of", counting)
     skipped = 0
     even = parse_filters({"even": True})
     for number, terms in enumerate(queries):
