@@ -931,8 +931,7 @@ class PostgresStore:
             keep = np.isin(chunk_rows, allowed_rows)
             chunk_rows, scores = chunk_rows[keep], scores[keep]
         if len(scores) > top_k:  # the top_k and their ties only: sorting a million scores took ~100 ms
-            kth = np.partition(scores, len(scores) - top_k)[len(scores) - top_k]
-            near = np.flatnonzero(scores >= kth)
+            near = np.flatnonzero(scores >= _kth_largest(scores, top_k))
             chunk_rows, scores = chunk_rows[near], scores[near]
         # Best first; equal scores by chunk row (insertion order), as the SQL store did.
         order = np.lexsort((chunk_rows, -scores))[:top_k]
@@ -985,6 +984,17 @@ class PostgresStore:
         read: list[Postings] = []  # each term's, decoded once
         starts: dict[str, npt.NDArray[np.int64]] = {}  # where each frequent term's blocks start
         partial_parts = PartialParts(totals.chunks)
+
+        def parts(postings: Postings) -> tuple[npt.NDArray[np.int64], Floats, Floats]:
+            return bm25_parts(postings, weights, totals, scoring, title_weight, counts)
+
+        def bound(positions: list[int]) -> tuple[float, float]:
+            """The most the terms at these positions add to a chunk's (title part, content part)."""
+            return float(title_bound[positions].sum()), float(content_bound[positions].sum())
+
+        def combined(title_part: float, content_part: float) -> float:
+            return float(combine_parts(np.array([title_part]), np.array([content_part]), scoring)[0])
+
         with connection.cursor(binary=True, row_factory=tuple_row) as cursor:
             for essential in range(1, len(terms) + 1):
                 new = keyword_blocks.postings_of(
@@ -997,16 +1007,10 @@ class PostgresStore:
                 # The essential terms' parts so far, a term added at a time: they only steer the pruning
                 # (bm25_bounds leave a margin for the order of the sums); the scores returned are summed
                 # in the query's term order, as the unpruned ranking sums them.
-                partial_parts.add(*bm25_parts(new, weights, totals, scoring, title_weight, counts))
-                rest_title, rest_content = float(title_bound[rest].sum()), float(content_bound[rest].sum())
-                alone = combine_parts(np.array([rest_title]), np.array([rest_content]), scoring)[0]
-                read_so_far = [index[term] for term in terms[:essential]]
-                most = combine_parts(
-                    title_bound[read_so_far].sum(keepdims=True),
-                    content_bound[read_so_far].sum(keepdims=True),
-                    scoring,
-                )[0]
-                if alone >= most:
+                partial_parts.add(*parts(new))
+                rest_title, rest_content = bound(rest)
+                alone = combined(rest_title, rest_content)
+                if alone >= combined(*bound([index[term] for term in terms[:essential]])):
                     continue  # the floor is at most what the terms read can give: no use computing it
                 rows, title, content = partial_parts.arrays()
                 if allowed is not None:
@@ -1014,8 +1018,7 @@ class PostgresStore:
                     rows, title, content = rows[keep], title[keep], content[keep]
                 if len(rows) < top_k:
                     continue
-                partial = combine_parts(title, content, scoring)
-                floor = np.partition(partial, len(partial) - top_k)[len(partial) - top_k]
+                floor = _kth_largest(combine_parts(title, content, scoring), top_k)
                 if alone >= floor:
                     continue
                 keep = combine_parts(title + rest_title, content + rest_content, scoring) >= floor
@@ -1041,38 +1044,20 @@ class PostgresStore:
                     later = [index[t] for t in remaining[position + 1 :]]
                     if not later:
                         break
-                    term_rows, term_title, term_content = bm25_parts(
-                        read[-1],
-                        weights,
-                        totals,
-                        scoring,
-                        title_weight,
-                        counts,
-                    )
+                    term_rows, term_title, term_content = parts(read[-1])
                     at = np.searchsorted(hopeful, term_rows)
                     title[at] += term_title
                     content[at] += term_content
                     if len(hopeful) > top_k:
-                        partial = combine_parts(title, content, scoring)
-                        floor = np.partition(partial, len(partial) - top_k)[len(partial) - top_k]
-                        rest_title, rest_content = (
-                            float(title_bound[later].sum()),
-                            float(content_bound[later].sum()),
-                        )
+                        floor = _kth_largest(combine_parts(title, content, scoring), top_k)
+                        rest_title, rest_content = bound(later)
                         keep = combine_parts(title + rest_title, content + rest_content, scoring) >= floor
                         hopeful, title, content = hopeful[keep], title[keep], content[keep]
                 # Their exact scores, every term summed in the query's order.
-                rows, title, content = bm25_parts(
-                    _only(_joined(read), hopeful),
-                    weights,
-                    totals,
-                    scoring,
-                    title_weight,
-                    counts,
-                )
+                rows, title, content = parts(_only(_joined(read), hopeful))
                 return rows, combine_parts(title, content, scoring)
         # Every term read whole: the unpruned ranking.
-        rows, title, content = bm25_parts(_joined(read), weights, totals, scoring, title_weight, counts)
+        rows, title, content = parts(_joined(read))
         return rows, combine_parts(title, content, scoring)
 
     @staticmethod
@@ -1291,6 +1276,12 @@ def _joined(parts: list[Postings]) -> Postings:
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
+Floats = npt.NDArray[np.float64]
+
+
+def _kth_largest(values: Floats, k: int) -> float:
+    """The k-th largest of the values (at least k of them), without sorting them all."""
+    return float(np.partition(values, len(values) - k)[len(values) - k])
 
 
 def _only(postings: Postings, chunk_rows: npt.NDArray[np.int64]) -> Postings:
