@@ -278,8 +278,7 @@ class PartialParts:
         self._low = 0
         self._title = np.zeros(0)
         self._content = np.zeros(0)
-        self._seen = np.zeros(0, dtype=bool)
-        self._held = False
+        self._seen = np.zeros(0, dtype=bool)  # over the range held: empty until a term adds rows
         self._sparse: tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]] | None
         self._sparse = None
 
@@ -289,22 +288,24 @@ class PartialParts:
         """One term's parts (its rows distinct) added."""
         if not len(rows):
             return
+        if self._sparse is not None:
+            self._merge(rows, title, content)
+            return
         low, high = int(rows.min()), int(rows.max())
-        if self._held:
+        if len(self._seen):
             low, high = min(low, self._low), max(high, self._low + len(self._seen) - 1)
-        if self._sparse is not None or high - low + 1 > self._most:
+        if high - low + 1 > self._most:
             self._merge(rows, title, content)
             return
         if low != self._low or high - low + 1 != len(self._seen):
             size, shift = high - low + 1, self._low - low
             widened = np.zeros((2, size)), np.zeros(size, dtype=bool)
-            if self._held:
+            if len(self._seen):
                 widened[0][0, shift : shift + len(self._seen)] = self._title
                 widened[0][1, shift : shift + len(self._seen)] = self._content
                 widened[1][shift : shift + len(self._seen)] = self._seen
             self._low, self._title, self._content, self._seen = low, *widened[0], widened[1]
         at = rows - low
-        self._held = True
         if title.any():  # (flat scoring's title parts are all 0)
             self._title[at] += title
         self._content[at] += content
@@ -321,7 +322,6 @@ class PartialParts:
             sums[0, at] += part_title
             sums[1, at] += part_content
         self._sparse = merged, sums[0], sums[1]
-        self._held = True
 
     def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """(chunk rows ascending, title parts, content parts)."""
