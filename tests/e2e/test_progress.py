@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -12,12 +13,17 @@ from mcp.client.stdio import stdio_client
 
 from tests.e2e.conftest import INITIALIZE_TIMEOUT_S
 from tests.e2e.mcp_harness import result_json
+from tests.fake_openai import FakeOpenAIServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-# Far shorter than the ingest below takes (about 300 chunks, ten seconds or more on two cores), far longer
-# than any step of it (a slice of 16 chunks; a second of waiting for the model to load).
+# Far shorter than the ingest below takes on any machine, far longer than any step of it: the ingest's
+# chunks (about 300) go to the hosted embedding API's test double 16 at a time, and it answers each
+# request after PACE_S. (A local encode was the slow part before: a quiet machine finished it in under
+# 4 s, and the test could not tell progress from speed.)
 REQUEST_TIMEOUT_MS = 4_000
+BATCH = 16
+PACE_S = 0.4
 DOCUMENTS = [
     {
         "id": f"long-{i}",
@@ -31,10 +37,30 @@ DOCUMENTS = [
 
 
 @pytest.fixture(scope="module")
+def paced_endpoint() -> Iterator[FakeOpenAIServer]:
+    """The hosted embedding API's test double, answering each batch of an ingest after PACE_S."""
+    endpoint = FakeOpenAIServer()
+    endpoint.on_request = lambda body: (
+        time.sleep(PACE_S) if isinstance(body.get("input"), list) and len(body["input"]) > 1 else None
+    )
+    yield endpoint
+    endpoint.close()
+
+
+@pytest.fixture(scope="module")
 async def short_timeout_session(
-    repo_root: Path, server_entry: Path, server_env: dict[str, str]
+    repo_root: Path, server_entry: Path, server_env: dict[str, str], paced_endpoint: FakeOpenAIServer
 ) -> AsyncIterator[ClientSession]:
-    env = {**server_env, "REQUEST_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS), "RAG_TECHNIQUES": "basic"}
+    env = {
+        **server_env,
+        "REQUEST_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
+        "RAG_TECHNIQUES": "basic",
+        "EMBEDDING_PROVIDER": "openai",
+        "EMBEDDING_MODEL": "fake-embedder",
+        "EMBEDDING_BASE_URL": paced_endpoint.base_url,
+        "EMBEDDING_API_KEY": "sk-e2e-embedding-key",
+        "EMBEDDING_BATCH_SIZE": str(BATCH),
+    }
     params = StdioServerParameters(command="node", args=[str(server_entry)], env=env, cwd=repo_root)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         with anyio.fail_after(INITIALIZE_TIMEOUT_S):
