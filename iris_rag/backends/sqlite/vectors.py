@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.backends.sqlite.overlay import Overlay
+
 # Room past the last row: an eighth of the rows, at least this many (a one-document ingest appends in place).
 MIN_SPARE_ROWS = 64
 # Dead rows that make the next version compact: more than this many and more than a quarter of the rows.
@@ -127,10 +129,11 @@ class VectorMatrix:
 
     buffer: _Buffer
     size: int
-    chunk_ids: list[str]  # by row, dead rows included
-    document_ids: list[str]  # by row, dead rows included
-    row_of: dict[str, int]  # live rows only
-    rows_of_document: dict[str, list[int]]  # live rows only
+    # By row, dead rows included; shared like the buffer (a version reads only the entries below its size).
+    chunk_ids: list[str]
+    document_ids: list[str]
+    row_of: Overlay[str, int]  # live rows only
+    rows_of_document: Overlay[str, list[int]]  # live rows only
     dead: npt.NDArray[np.intp]
     inverted: InvertedLists | None = None  # from ANN_MIN_ROWS live rows up
 
@@ -189,7 +192,15 @@ class VectorMatrix:
         for row, document_id in enumerate(document_ids):
             rows_of_document.setdefault(document_id, []).append(row)
         row_of = {chunk_id: row for row, chunk_id in enumerate(chunk_ids)}
-        return cls(buffer, buffer.filled, chunk_ids, document_ids, row_of, rows_of_document, _NO_ROWS)
+        return cls(
+            buffer,
+            buffer.filled,
+            chunk_ids,
+            document_ids,
+            Overlay(row_of),
+            Overlay(rows_of_document),
+            _NO_ROWS,
+        )
 
     @property
     def live_count(self) -> int:
@@ -269,54 +280,53 @@ class VectorMatrix:
         dead_after = self.dead.size + len(dying)
         if not fits or dead_after > max(MIN_DEAD_TO_COMPACT, self.size // 4):
             compacted = self._compacted(set(dying), added, vectors.shape[1] if added else None)
-            return compacted._appended(chunk_ids, document_ids, vectors, own_lookups=True)._with_lists(
-                min_rows
-            )
-        row_of = dict(self.row_of)
-        rows_of_document = dict(self.rows_of_document)
-        for row in dying:
-            del row_of[self.chunk_ids[row]]
-        for document_id in documents:
-            rows_of_document.pop(document_id, None)
+            return compacted._appended(chunk_ids, document_ids, vectors)._with_lists(min_rows)
         dead = np.concatenate([self.dead, np.array(dying, dtype=np.intp)]) if dying else self.dead
         kept = VectorMatrix(
             self.buffer,
             self.size,
             self.chunk_ids,
             self.document_ids,
-            row_of,
-            rows_of_document,
+            self.row_of,
+            self.rows_of_document,
             dead,
             self.inverted,
         )
-        return kept._appended(chunk_ids, document_ids, vectors, own_lookups=True)._with_lists(min_rows)
+        return kept._appended(chunk_ids, document_ids, vectors, dying, documents)._with_lists(min_rows)
 
     def _appended(
         self,
         chunk_ids: list[str],
         document_ids: list[str],
         vectors: npt.NDArray[np.float32],
-        *,
-        own_lookups: bool,
+        dying: Iterable[int] = (),
+        documents: Iterable[str] = (),
     ) -> VectorMatrix:
-        """These rows written past `size` (room checked by the caller); own_lookups: the dicts are private."""
-        if not chunk_ids:
-            return self
+        """These rows written past `size` (room checked by the caller); `documents` and `dying` rows out.
+
+        `documents`' entries and the `dying` rows' chunks leave the lookups (the rows are already dead, or
+        gone in a compacted copy).
+        """
         start, end = self.size, self.size + len(chunk_ids)
-        self.buffer.array[start:end] = vectors
-        self.buffer.filled = end
-        if self.inverted is not None:
-            self.inverted.assign(start, vectors)
-        row_of = self.row_of if own_lookups else dict(self.row_of)
-        rows_of_document = self.rows_of_document if own_lookups else dict(self.rows_of_document)
-        for row, (chunk_id, document_id) in enumerate(zip(chunk_ids, document_ids, strict=True), start):
-            row_of[chunk_id] = row
-            rows_of_document.setdefault(document_id, []).append(row)
+        if chunk_ids:
+            self.buffer.array[start:end] = vectors
+            self.buffer.filled = end
+            if self.inverted is not None:
+                self.inverted.assign(start, vectors)
+        # The rows are whole documents' (replaced() reads every chunk of a document written): their entries
+        # are new, not added to.
+        added_rows: dict[str, list[int]] = {}
+        for row, document_id in enumerate(document_ids, start):
+            added_rows.setdefault(document_id, []).append(row)
+        row_of = self.row_of.changed(
+            [self.chunk_ids[row] for row in dying], zip(chunk_ids, range(start, end), strict=True)
+        )
+        rows_of_document = self.rows_of_document.changed(documents, added_rows.items())
         return VectorMatrix(
             self.buffer,
             end,
-            self.chunk_ids + chunk_ids,
-            self.document_ids + document_ids,
+            _extended(self.chunk_ids, self.size, chunk_ids),
+            _extended(self.document_ids, self.size, document_ids),
             row_of,
             rows_of_document,
             self.dead,
@@ -351,6 +361,20 @@ class VectorMatrix:
             compacted.dead,
             inverted,
         )
+
+
+def _extended(shared: list[str], size: int, more: list[str]) -> list[str]:
+    """The first `size` entries of `shared`, then `more`.
+
+    Appended in place when the list ends at `size` (it is the newest version's; older versions read only
+    their own first entries, as with the buffer), else copied.
+    """
+    if not more:
+        return shared
+    if len(shared) == size:
+        shared.extend(more)
+        return shared
+    return shared[:size] + more
 
 
 _NO_ROWS: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
