@@ -54,14 +54,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from bench.common import ROOT, SCIFACT, machine, percentiles, read_jsonl, write
+from bench.common import ROOT, SCIFACT, machine, patched, percentiles, read_jsonl, write
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
@@ -308,41 +308,23 @@ def call(service: RagService, technique: str, query: str, collection: str, label
     return elapsed
 
 
-@contextmanager
-def exact_search(store: Any) -> Iterator[None]:
+def exact_search(store: Any) -> AbstractContextManager[None]:
     """SQLite's exact scan for every size while inside (SQLITE_ANN_MIN_CHUNKS=0; the lists kept, unused)."""
-    threshold = store._ann_min_chunks
-    store._ann_min_chunks = 0
-    try:
-        yield
-    finally:
-        store._ann_min_chunks = threshold
+    return patched(store, _ann_min_chunks=0)
 
 
-@contextmanager
-def unpruned_keywords() -> Iterator[None]:
+def unpruned_keywords() -> AbstractContextManager[None]:
     """SQLite's flat keyword leg is FTS5 ranking every matching row while inside (no pruning, no postings)."""
     from iris_rag.backends.sqlite import store
 
-    thresholds = store.PRUNE_MIN_CHUNKS, store.POSTINGS_MIN_CHUNKS
-    store.PRUNE_MIN_CHUNKS = store.POSTINGS_MIN_CHUNKS = sys.maxsize
-    try:
-        yield
-    finally:
-        store.PRUNE_MIN_CHUNKS, store.POSTINGS_MIN_CHUNKS = thresholds
+    return patched(store, PRUNE_MIN_CHUNKS=sys.maxsize, POSTINGS_MIN_CHUNKS=sys.maxsize)
 
 
-@contextmanager
-def fts5_keywords() -> Iterator[None]:
+def fts5_keywords() -> AbstractContextManager[None]:
     """SQLite's flat keyword leg asks FTS5 (pruned) while inside, not the postings in memory."""
     from iris_rag.backends.sqlite import store
 
-    threshold = store.POSTINGS_MIN_CHUNKS
-    store.POSTINGS_MIN_CHUNKS = sys.maxsize
-    try:
-        yield
-    finally:
-        store.POSTINGS_MIN_CHUNKS = threshold
+    return patched(store, POSTINGS_MIN_CHUNKS=sys.maxsize)
 
 
 def wait_for_postings(store: Any, collection: str, timeout_s: float = 300.0) -> float:
@@ -576,17 +558,11 @@ def probe_analysis(chunks: int, queries_limit: int) -> dict[str, Any]:
         service.close()
 
 
-@contextmanager
-def unpruned_postgres_keywords() -> Iterator[None]:
+def unpruned_postgres_keywords() -> AbstractContextManager[None]:
     """Postgres's keyword leg reads every posting of the query's terms while inside (no MaxScore)."""
     from iris_rag.backends.postgres import store
 
-    threshold = store.PRUNE_MIN_POSTINGS
-    store.PRUNE_MIN_POSTINGS = sys.maxsize
-    try:
-        yield
-    finally:
-        store.PRUNE_MIN_POSTINGS = threshold
+    return patched(store, PRUNE_MIN_POSTINGS=sys.maxsize)
 
 
 def exact_top10(chunks: int, queries: npt.NDArray[np.float32]) -> list[list[str]]:

@@ -6,6 +6,8 @@ import argparse
 import json
 import platform
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "scifact"
 SCIFACT = ROOT.parent / "shared" / "data" / "scifact"
+
+
+@contextmanager
+def patched(owner: Any, **values: Any) -> Iterator[None]:
+    """Attributes of a module or object set to other values while inside (a store's knobs, for a bench)."""
+    previous = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            setattr(owner, name, value)
 
 
 def read_jsonl(path: Path, limit: int | None = None) -> list[dict[str, Any]]:

@@ -17,32 +17,19 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.bench_scale import collection_name, exact_top10, local_postgres, service_for
-from bench.common import SCIFACT, machine, percentiles, read_jsonl, write
+from bench.common import SCIFACT, machine, patched, percentiles, read_jsonl, write
 from iris_rag.backends.postgres import store as postgres_store
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.stores.base import KeywordQuery
 from iris_rag.text import query_terms
 
 POOL = 100  # rag_hybrid_ifind's default candidate_pool: the keyword leg's top k inside the call
-
-
-@contextmanager
-def setting(name: str, value: Any) -> Iterator[None]:
-    """A module constant of the PostgreSQL store, changed for the block."""
-    previous = getattr(postgres_store, name)
-    setattr(postgres_store, name, value)
-    try:
-        yield
-    finally:
-        setattr(postgres_store, name, previous)
 
 
 def keyword_leg(service: Any, collection: str, queries: list[str], costs: list[float]) -> dict[str, Any]:
@@ -55,7 +42,7 @@ def keyword_leg(service: Any, collection: str, queries: list[str], costs: list[f
                 keyword_query = KeywordQuery.of(query_terms(query), 1.0, scoring)
                 for label, values in modes if number % 2 == 0 else modes[::-1]:
                     ((name, value),) = values.items()
-                    with setting(name, value):
+                    with patched(postgres_store, **{name: value}):
                         start = time.perf_counter()
                         service.store.keyword_search(collection, keyword_query, POOL)
                         if timed:
@@ -74,7 +61,7 @@ def hnsw(service: Any, chunks: int, collection: str, queries: list[str], efs: li
             found: list[float] = []
             top10: list[float] = []
             top100: list[float] = []
-            with setting("MIN_EF_SEARCH", ef), setting("MAX_EF_SEARCH", ef):
+            with patched(postgres_store, MIN_EF_SEARCH=ef, MAX_EF_SEARCH=ef):
                 for vector, expected in zip(vectors, truth, strict=True):
                     start = time.perf_counter()
                     hits = service.store.vector_search(collection, vector, 10)
