@@ -12,10 +12,11 @@ and every document's title. `score` ranks every query of a split in memory: the 
 and the flat BM25 of every chunk (the store's terms and formula: FTS5's tokenizer, k1 1.2, b 0.75), each
 leg's top `POOL`, fused as the technique fuses (cosines min-max scaled over the candidates, BM25 divided by
 its best, 0.5 / 0.5; a document ranks at its best chunk), then the same candidates under each variant,
-each paired per query against today's fusion (mean nDCG@10 difference and its standard error). Every
-leg is exact, as the store's are on SciFact, but the query vectors come from sentence-transformers' torch
-model (the worker encodes queries with ONNX Runtime), so today's fusion here differs from
-`bench.quality_fusion`'s in the third decimal; compare variants with each other, within one run.
+each paired per query against today's fusion (mean nDCG@10 difference and its standard error). The
+fusion is the technique's own function (retrieval.fusion.weighted_sum) and every leg exact, as the store's
+are on SciFact, so today's fusion scores what `bench.quality_fusion` gets through the store at the same
+pool (0.7389 train, 0.7388 test), though the query vectors here come from sentence-transformers' torch
+model (the worker encodes queries with ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy.typing as npt
 from iris_rag.backends.common.bm25 import query_stems, tokenize
 from iris_rag.evaluation.beir import Qrels, load_beir
 from iris_rag.evaluation.metrics import score_queries
+from iris_rag.retrieval.fusion import WeightedLeg, weighted_sum
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.settings import Settings
 from iris_rag.text import embedding_text, query_terms, split_sentences
@@ -216,16 +218,28 @@ def _min_max(values: Floats) -> Floats:
 
 
 def fuse(query: Query, legs: list[tuple[float, Floats, bool]]) -> Floats:
-    """Each candidate's sum of weight x scaled score: (weight, every chunk's score, natural zero)."""
-    total = np.zeros(len(query.candidates))
-    for weight, scores, natural_zero in legs:
-        values = scores[query.candidates]
-        if natural_zero:
-            best = float(values.max())
-            total += weight * (values / best if best > 0 else 0 * values)
-        else:
-            total += weight * _min_max(values)
-    return total
+    """The candidates' fused scores by the technique's own rule (retrieval.fusion.weighted_sum).
+
+    Each leg is (weight, every chunk's score, natural zero). A natural-zero leg is a BM25 leg and scores
+    only the chunks its search returned (its top POOL), as the technique's keyword leg does; a cosine leg
+    scores every candidate (the technique computes the exact cosine of each).
+    """
+    keys = [str(row) for row in query.candidates.tolist()]
+    returned = {str(row) for row in query.keyword_top.tolist()}
+    weighted = [
+        WeightedLeg(
+            weight,
+            {
+                key: float(scores[row])
+                for key, row in zip(keys, query.candidates.tolist(), strict=True)
+                if not natural_zero or key in returned
+            },
+            natural_zero=natural_zero,
+        )
+        for weight, scores, natural_zero in legs
+    ]
+    totals, _ = weighted_sum(weighted, keys)
+    return np.asarray([totals[key] for key in keys], dtype=np.float64)
 
 
 def _top(scores: Floats, count: int, *, positive: bool) -> Rows:
