@@ -66,24 +66,17 @@ class Overlay(Mapping[_K, _V], Generic[_K, _V]):
 
     def changed(self, removed: Iterable[_K], added: Iterable[tuple[_K, _V]]) -> Overlay[_K, _V]:
         """A new version: `removed` keys taken out (absent ones ignored), then `added` set; self unchanged."""
-        base, changes, size = self._base, dict(self._changes), self._size
-
-        def present(key: _K) -> bool:
-            if key in changes:
-                return not isinstance(changes[key], _Gone)
-            return key in base
-
-        for key in removed:
-            if present(key):
-                changes[key] = _GONE
-                size -= 1
-        for key, value in added:
-            size += not present(key)
-            changes[key] = value
         result: Overlay[_K, _V] = Overlay.__new__(Overlay)
-        result._base, result._changes, result._size = base, changes, size
-        limit = max(MIN_CHANGES, CHANGES_PER_SQRT * math.isqrt(len(base)))
-        return result._folded() if len(changes) > limit else result
+        result._base, result._changes, result._size = self._base, dict(self._changes), self._size
+        for key in removed:  # (`in result` reads the changes made so far)
+            if key in result:
+                result._changes[key] = _GONE
+                result._size -= 1
+        for key, value in added:
+            result._size += key not in result
+            result._changes[key] = value
+        limit = max(MIN_CHANGES, CHANGES_PER_SQRT * math.isqrt(len(self._base)))
+        return result._folded() if len(result._changes) > limit else result
 
     def _folded(self) -> Overlay[_K, _V]:
         """The same mapping with its changes in a new base."""
