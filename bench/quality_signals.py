@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag.backends.common.bm25 import query_stems, tokenize
+from iris_rag.backends.common.bm25 import K1, B, query_stems, tokenize
 from iris_rag.evaluation.beir import Qrels, load_beir
 from iris_rag.evaluation.metrics import score_queries
 from iris_rag.retrieval.fusion import WeightedLeg, weighted_sum
@@ -149,7 +149,6 @@ class Bm25:
             for term, (rows, counts) in postings.items()
         }
         self.lengths = np.asarray(lengths, dtype=np.float64)
-        self.k1, self.b = 1.2, 0.75
 
     def idf(self, document_frequency: int) -> float:
         """FTS5's: ln((N - n + 0.5) / (n + 0.5)), at least 1e-6."""
@@ -166,7 +165,7 @@ class Bm25:
         result: Floats = frequencies * (k1 + 1) / (frequencies + norm)
         return result
 
-    def scores(self, query: str, k1: float = 1.2, b: float = 0.75) -> Floats:
+    def scores(self, query: str, k1: float = K1, b: float = B) -> Floats:
         """Every chunk's BM25 for the query's terms (stopwords left out)."""
         out = np.zeros(len(self.lengths))
         for term, weight in self.stems(query).items():
@@ -187,7 +186,7 @@ class Bm25:
             )
             both, counts = both[counts > 0], counts[counts > 0]
             if len(both):
-                out[both] += self.idf(len(both)) * self.saturate(both, counts, self.k1, self.b)
+                out[both] += self.idf(len(both)) * self.saturate(both, counts, K1, B)
         return out
 
 
@@ -382,9 +381,15 @@ def _documents(signals: Signals, candidates: Rows, scores: Floats) -> list[str]:
     return list(dict.fromkeys(np.asarray(signals.document_ids)[order].tolist()))[:100]
 
 
-def _ndcg(qrels: Qrels, rankings: dict[str, list[str]]) -> Floats:
+def _measures(qrels: Qrels, rankings: dict[str, list[str]]) -> tuple[Floats, Floats]:
+    """Each query's nDCG@10 and Recall@100, in qrels order (a query with no ranking: 0)."""
     measured = score_queries(qrels, rankings)
-    return np.asarray([measured.get(q, {}).get("ndcg@10", 0.0) for q in qrels])
+    ndcg = np.asarray([measured.get(q, {}).get("ndcg@10", 0.0) for q in qrels])
+    return ndcg, np.asarray([measured.get(q, {}).get("recall@100", 0.0) for q in qrels])
+
+
+def _ndcg(qrels: Qrels, rankings: dict[str, list[str]]) -> Floats:
+    return _measures(qrels, rankings)[0]
 
 
 def _paired(ndcg: Floats, baseline: Floats) -> dict[str, float]:
@@ -537,22 +542,14 @@ def score(signals: Signals, dataset: Path, split: str, only: list[str] | None) -
     baseline: Floats | None = None
     per_query: dict[str, Floats] = {}
     for name, ranking in rankings.items():
-        measured = score_queries(qrels, ranking)
-        ndcg = np.asarray([measured.get(q, {}).get("ndcg@10", 0.0) for q in qrels])
-        recall = np.asarray([measured.get(q, {}).get("recall@100", 0.0) for q in qrels])
+        ndcg, recall = _measures(qrels, ranking)
         baseline = ndcg if baseline is None else baseline
         per_query[name] = ndcg
-        difference = ndcg - baseline
-        error = float(difference.std(ddof=1) / np.sqrt(len(difference)))
-        report[name] = {
-            "ndcg@10": round(float(ndcg.mean()), 4),
-            "recall@100": round(float(recall.mean()), 4),
-            "ndcg@10_difference": round(float(difference.mean()), 4),
-            "standard_error": round(error, 4),
-        }
+        paired = _paired(ndcg, baseline)
+        report[name] = {"recall@100": round(float(recall.mean()), 4), **paired}
         print(
             f"{split:5} {name[:70]:70} nDCG@10 {ndcg.mean():.4f} R@100 {recall.mean():.4f}"
-            f"  {difference.mean():+.4f} ± {error:.4f}",
+            f"  {paired['ndcg@10_difference']:+.4f} ± {paired['standard_error']:.4f}",
             file=sys.stderr,
         )
     # Headroom: each query ranked by whichever of these does best on it (an oracle: no method can choose so).
