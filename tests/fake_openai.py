@@ -119,6 +119,16 @@ class FakeOpenAIServer:
             "LLM_MAX_RETRIES": 0,
         }
 
+    def embedding_env(self) -> dict[str, str]:
+        """The environment (for a server process) that points its embedding API client at this double."""
+        return {
+            "EMBEDDING_PROVIDER": "openai",
+            "EMBEDDING_MODEL": "fake-embedder",
+            "EMBEDDING_BASE_URL": self.base_url,
+            "EMBEDDING_API_KEY": "sk-e2e-embedding-key",
+            "EMBEDDING_MAX_RETRIES": "0",
+        }
+
     def close(self) -> None:
         """Stop serving."""
         self._server.shutdown()

@@ -84,11 +84,7 @@ async def test_time_outs_refusals_and_unknown_tools_are_each_recorded_once(
         "REQUEST_TIMEOUT_MS": "1500",
         "MAX_CONCURRENT_REQUESTS": "1",
         "MAX_QUEUED_REQUESTS": "0",
-        "EMBEDDING_PROVIDER": "openai",
-        "EMBEDDING_MODEL": "fake-embedder",
-        "EMBEDDING_BASE_URL": endpoint.base_url,
-        "EMBEDDING_API_KEY": "sk-e2e-embedding-key",
-        "EMBEDDING_MAX_RETRIES": "0",
+        **endpoint.embedding_env(),
         "RAG_TECHNIQUES": "basic",
     }
     async with connect(limits) as session:

@@ -55,10 +55,7 @@ async def short_timeout_session(
         **server_env,
         "REQUEST_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
         "RAG_TECHNIQUES": "basic",
-        "EMBEDDING_PROVIDER": "openai",
-        "EMBEDDING_MODEL": "fake-embedder",
-        "EMBEDDING_BASE_URL": paced_endpoint.base_url,
-        "EMBEDDING_API_KEY": "sk-e2e-embedding-key",
+        **paced_endpoint.embedding_env(),
         "EMBEDDING_BATCH_SIZE": str(BATCH),
     }
     params = StdioServerParameters(command="node", args=[str(server_entry)], env=env, cwd=repo_root)

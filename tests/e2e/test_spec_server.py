@@ -74,11 +74,7 @@ async def test_embedding_api_with_correlation_ids_end_to_end(
 ) -> None:
     env = {
         "RAG_STORE": "sqlite",
-        "EMBEDDING_PROVIDER": "openai",
-        "EMBEDDING_MODEL": "fake-embedder",
-        "EMBEDDING_BASE_URL": endpoint.base_url,
-        "EMBEDDING_API_KEY": "sk-e2e-embedding-key",
-        "EMBEDDING_MAX_RETRIES": "0",
+        **endpoint.embedding_env(),
         "RAG_TECHNIQUES": "basic,hybrid_ifind,hyde",
     }
     async with connect(env) as session:
