@@ -17,6 +17,9 @@ fusion is the technique's own function (retrieval.fusion.weighted_sum) and every
 are on SciFact, so today's fusion scores what `bench.quality_fusion` gets through the store at the same
 pool (0.7389 train, 0.7388 test), though the query vectors here come from sentence-transformers' torch
 model (the worker encodes queries with ONNX Runtime).
+
+`learn` trains a gradient-boosted ranker over every candidate's signals; `adapt` keeps today's two legs and
+gives each query its own dense weight, predicted from query-performance predictors (QUERY_FEATURES).
 """
 
 from __future__ import annotations
@@ -524,6 +527,164 @@ def learn(signals: Signals, dataset: Path, test: bool) -> dict[str, Any]:
     return report
 
 
+QUERY_FEATURES = (
+    "mean IDF of the query's stems",
+    "highest IDF",
+    "stems not in the collection",
+    "stems",
+    "words",
+    "dense: best cosine",
+    "dense: best - 10th",
+    "dense: spread of the top 10",
+    "dense: spread / mean of the top 100 (NQC)",
+    "dense: best - 100th",
+    "BM25: best",
+    "BM25: (best - 10th) / best",
+    "BM25: spread / mean of the top 100 (NQC)",
+    "BM25: chunks returned",
+    "documents in both legs' top 10 / 10",
+    "both legs' best chunk the same",
+    "dense's best document in BM25's top 10",
+    "BM25's best document in dense's top 10",
+)
+"""adapt: what a query-performance predictor reads of one query and its two legs, before fusing."""
+
+WEIGHTS = np.round(np.arange(0, 1.01, 0.1), 1)
+"""adapt: the dense weights a query may get (today: 0.5)."""
+
+
+def _query_features(signals: Signals, bm25: Bm25, query: Query) -> list[float]:
+    stems = bm25.stems(query.text)
+    idfs = [bm25.idf(len(bm25.postings[s][0])) for s in stems if s in bm25.postings] or [0.0]
+    dense = np.sort(query.dense[query.dense_top])[::-1]
+    keyword = np.pad(np.sort(query.keyword[query.keyword_top])[::-1], (0, POOL))[:POOL]
+    documents = np.asarray(signals.document_ids)
+    dense_ten, keyword_ten = set(documents[query.dense_top[:10]]), set(documents[query.keyword_top[:10]])
+    found = len(query.keyword_top) > 0
+    return [
+        float(np.mean(idfs)),
+        float(np.max(idfs)),
+        float(sum(s not in bm25.postings for s in stems)),
+        float(len(stems)),
+        float(len(query.text.split())),
+        float(dense[0]),
+        float(dense[0] - dense[9]),
+        float(dense[:10].std()),
+        float(dense.std() / max(float(dense.mean()), 1e-6)),
+        float(dense[0] - dense[-1]),
+        float(keyword[0]),
+        float((keyword[0] - keyword[9]) / (keyword[0] + 1e-9)),
+        float(keyword.std() / (keyword.mean() + 1e-9)),
+        float(len(query.keyword_top)),
+        len(dense_ten & keyword_ten) / 10,
+        float(found and query.dense_top[0] == query.keyword_top[0]),
+        float(documents[query.dense_top[0]] in keyword_ten),
+        float(found and documents[query.keyword_top[0]] in dense_ten),
+    ]
+
+
+def _weight_data(signals: Signals, bm25: Bm25, qrels: Qrels) -> tuple[npt.NDArray[np.float64], Floats]:
+    """Each query's QUERY_FEATURES, and its nDCG@10 at every dense weight in WEIGHTS (queries x weights)."""
+    variants = Variants(signals, bm25)
+    features: dict[str, list[float]] = {}
+    rankings: list[dict[str, list[str]]] = [{} for _ in WEIGHTS]
+    for query_id, query in _queries(signals, bm25, {q: signals.queries[q] for q in qrels}):
+        features[query_id] = _query_features(signals, bm25, query)
+        for column, weight in enumerate(WEIGHTS):
+            rankings[column][query_id] = _documents(signals, query.candidates, variants.today(query, weight))
+    ndcg = np.column_stack([_ndcg(qrels, ranking) for ranking in rankings])
+    return np.asarray([features.get(q, [0.0] * len(QUERY_FEATURES)) for q in qrels]), ndcg
+
+
+TODAY = int(np.flatnonzero(WEIGHTS == 0.5)[0])
+OFFERED = {"every weight 0-1": tuple(range(len(WEIGHTS))), "0.3, 0.5, 0.7": (3, 5, 7), "0.4-0.6": (4, 5, 6)}
+"""adapt: the sets of WEIGHTS columns a query may be moved to."""
+MEAN = "ndcg@10_difference (mean of 4 splits)"
+Regressor = Callable[[], Any]
+
+
+def _regressors() -> dict[str, Regressor]:
+    """adapt: the regressors tried for each weight's gain over today's (scikit-learn: a dev dependency)."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.linear_model import Ridge  # type: ignore[import-untyped]
+    from sklearn.pipeline import make_pipeline  # type: ignore[import-untyped]
+    from sklearn.preprocessing import StandardScaler  # type: ignore[import-untyped]
+
+    return {
+        "ridge, alpha 1": lambda: make_pipeline(StandardScaler(), Ridge(1.0)),
+        "ridge, alpha 100": lambda: make_pipeline(StandardScaler(), Ridge(100.0)),
+        "gradient-boosted, 7 leaves, 100 rounds, rate 0.05": lambda: HistGradientBoostingRegressor(
+            max_leaf_nodes=7, max_iter=100, learning_rate=0.05, min_samples_leaf=40, random_state=0
+        ),
+    }
+
+
+def _chosen_weights(
+    setting: tuple[Regressor, tuple[int, ...], float],
+    features: npt.NDArray[np.float64],
+    ndcg: Floats,
+    held_out: npt.NDArray[np.float64],
+) -> Rows:
+    """Each held-out query's WEIGHTS column: the offered one whose predicted gain over today's is highest,
+    today's unless that gain exceeds the setting's margin."""
+    make, offered, margin = setting
+    predicted = np.column_stack(
+        [make().fit(features, ndcg[:, c] - ndcg[:, TODAY]).predict(held_out) for c in offered]
+    )
+    picked: Rows = np.asarray(offered, dtype=np.intp)[np.argmax(predicted, axis=1)]
+    picked[predicted.max(axis=1) <= margin] = TODAY
+    return picked
+
+
+def adapt(signals: Signals, dataset: Path, test: bool) -> dict[str, Any]:
+    """Query-dependent fusion weights: a regressor per dense weight predicts, from QUERY_FEATURES, how much
+    better than today's 0.5 that weight ranks the query; the query gets the best predicted weight.
+
+    Every setting (regressor x weights offered x margin) is cross-validated by query on train (5 folds,
+    4 different splits, averaged); with `test`, the best is fitted on all of train and run on test once.
+    """
+    from sklearn.model_selection import KFold  # type: ignore[import-untyped]
+
+    settings = {
+        f"{name}; weights {offered}; margin {margin}": (make, columns, margin)
+        for (name, make), (offered, columns), margin in itertools.product(
+            _regressors().items(), OFFERED.items(), (0.0, 0.01)
+        )
+    }
+    bm25 = Bm25(signals.titles, signals.texts)
+    features, ndcg = _weight_data(signals, bm25, load_beir(dataset, "train").qrels)
+    train: dict[str, Any] = {
+        "today": round(float(ndcg[:, TODAY].mean()), 4),
+        "each weight": {str(w): round(float(ndcg[:, c].mean()), 4) for c, w in enumerate(WEIGHTS)},
+        "oracle (best weight per query)": round(float(ndcg.max(axis=1).mean()), 4),
+        "cross_validated": {},
+    }
+    for key, setting in settings.items():
+        runs = []
+        for seed in range(4):
+            picked = np.zeros(len(ndcg), dtype=np.intp)
+            for fitting, held in KFold(5, shuffle=True, random_state=seed).split(features):
+                picked[held] = _chosen_weights(setting, features[fitting], ndcg[fitting], features[held])
+            runs.append(_paired(ndcg[np.arange(len(ndcg)), picked], ndcg[:, TODAY]))
+        mean = round(float(np.mean([r["ndcg@10_difference"] for r in runs])), 4)
+        train["cross_validated"][key] = {MEAN: mean, "splits": runs}
+        print(f"train (5-fold CV x 4) {key}: {mean:+.4f}", file=sys.stderr)
+    report: dict[str, Any] = {"features": list(QUERY_FEATURES), "train": train}
+    if test:
+        best = max(settings, key=lambda k: float(train["cross_validated"][k][MEAN]))
+        held_features, held_ndcg = _weight_data(signals, bm25, load_beir(dataset, "test").qrels)
+        picked = _chosen_weights(settings[best], features, ndcg, held_features)
+        report["test"] = {
+            "setting": best,
+            "today": round(float(held_ndcg[:, TODAY].mean()), 4),
+            "oracle (best weight per query)": round(float(held_ndcg.max(axis=1).mean()), 4),
+            "queries moved off 0.5": round(float(np.mean(picked != TODAY)), 2),
+            **_paired(held_ndcg[np.arange(len(held_ndcg)), picked], held_ndcg[:, TODAY]),
+        }
+        print(f"test {best}: {report['test']}", file=sys.stderr)
+    return report
+
+
 def score(signals: Signals, dataset: Path, split: str, only: list[str] | None) -> dict[str, Any]:
     """Every variant's nDCG@10 and Recall@100 on the split, each paired against today's."""
     qrels = load_beir(dataset, split).qrels
@@ -590,9 +751,15 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--dataset", type=Path, default=Path("../shared/data/scifact"))
     n.add_argument("--test", action="store_true", help="also fit on all of train and rank test")
     n.add_argument("--json", type=Path, help="write the report here")
+    a = commands.add_parser("adapt", help="query-dependent fusion weights from query-performance predictors")
+    a.add_argument("signals", type=Path)
+    a.add_argument("--dataset", type=Path, default=Path("../shared/data/scifact"))
+    a.add_argument("--test", action="store_true", help="also fit on all of train and run test")
+    a.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
-    if args.command == "learn":
-        learned = learn(Signals(**pickle.loads(args.signals.read_bytes())), args.dataset, args.test)
+    if args.command in ("learn", "adapt"):
+        run = learn if args.command == "learn" else adapt
+        learned = run(Signals(**pickle.loads(args.signals.read_bytes())), args.dataset, args.test)
         if args.json:
             args.json.write_text(json.dumps(learned, indent=2))
         return 0
