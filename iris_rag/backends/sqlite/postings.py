@@ -18,8 +18,12 @@ several tokens (a phrase, e.g. 'covid-19') or none makes the caller ask FTS5 (`s
 
 The source is the `chunk_terms` table (each chunk's term ids and counts, written with its FTS5 rows, see
 the store), read once; a write then makes a new version (like vectors.VectorMatrix): the changed documents'
-rows marked dead, their new rows appended to a small second index (the delta), rebuilt on each update. When
-the delta or the dead rows grow past a share of the whole, the live postings are rebuilt into one index.
+rows marked dead, their new rows appended as a small index of their own (a delta segment). Delta segments
+are merged as they accumulate, the newest two while the older is at most twice the newer, so a version holds
+a few segments of geometrically growing size and a write costs the next search the merge of its own
+postings (amortized over later writes), not a rebuild of every posting written since the last compaction.
+When the deltas or the dead rows grow past a share of the whole, the live postings are rebuilt into one
+index.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.backends.common.bm25 import K1, B
+from iris_rag.backends.sqlite.appended import Column, extended
 
 # One posting in a chunk_terms blob: (term id, title count, content count), int32 each.
 POSTING_FIELDS = 3
@@ -115,12 +120,33 @@ def _stable_order(terms: npt.NDArray[np.int32]) -> npt.NDArray[np.intp]:
 
 
 _NO_SLOTS: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
-_EMPTY = _Segment(
-    np.zeros(1, dtype=np.int64),
-    np.zeros(0, dtype=np.int32),
-    np.zeros(0, dtype=np.int32),
-    np.zeros(0, dtype=np.int32),
-)
+
+
+def _joined(
+    segments: tuple[_Segment, ...],
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """Segments' postings as one (term, slot, counts) array each, as _Segment.build reads them.
+
+    build wants each term's postings in slot order after its stable sort by term: so they are when the
+    segments come oldest first, since a later segment's slots all follow an earlier one's.
+    """
+    parts = [segment.triples() for segment in segments]
+    return (
+        np.concatenate([part[0] for part in parts]),
+        np.concatenate([part[1] for part in parts]),
+        np.concatenate([part[2] for part in parts]),
+    )
+
+
+def _merged_tail(deltas: tuple[_Segment, ...]) -> tuple[_Segment, ...]:
+    """The newest two segments merged while the older holds at most twice the newer's postings.
+
+    Sizes then at least double from the newest to the oldest: a few segments for a search to read, and
+    each posting merged again only when the segments after it have grown to its own segment's size.
+    """
+    while len(deltas) > 1 and deltas[-2].size <= 2 * deltas[-1].size:
+        deltas = (*deltas[:-2], _Segment.build(*_joined(deltas[-2:])))
+    return deltas
 
 
 def _parse(
@@ -151,7 +177,10 @@ class KeywordPostings:
     live_count: int
     total_tokens: int  # over live slots
     main: _Segment
-    delta: _Segment  # postings of the slots appended since `main` was built
+    deltas: tuple[_Segment, ...]  # postings of the slots appended since `main` was built, oldest first
+    # Where rowids, document_codes and lengths are views of: shared by the versions since `main` was
+    # built (appended.Column: each version reads only its own slots), as chunk_ids is.
+    columns: tuple[Column, Column, Column]
 
     @classmethod
     def load(cls, batches: Iterable[list[PostingRow]]) -> KeywordPostings:
@@ -213,14 +242,15 @@ class KeywordPostings:
             len(chunk_ids),
             int(lengths.sum()),
             main,
-            _EMPTY,
+            (),
+            (Column(rowids), Column(document_codes), Column(lengths)),
         )
 
     @property
     def nbytes(self) -> int:
         """The memory of the arrays (ids and lookups not counted)."""
         arrays = self.rowids.nbytes + self.document_codes.nbytes + self.lengths.nbytes + self.live.nbytes
-        return int(arrays + self.main.nbytes + self.delta.nbytes)
+        return int(arrays + self.main.nbytes + sum(delta.nbytes for delta in self.deltas))
 
     def replaced(self, documents: set[str], rows: list[PostingRow]) -> KeywordPostings:
         """A new version: the documents' rows dead, their rows now appended; this one left as it was."""
@@ -228,29 +258,27 @@ class KeywordPostings:
         dying = np.flatnonzero(np.isin(self.document_codes, wanted) & self.live) if wanted else _NO_SLOTS
         live = np.concatenate([self.live, np.ones(len(rows), dtype=bool)])
         live[dying] = False
-        start = len(self.chunk_ids)
+        start = self.live.size  # (chunk_ids may be longer: a newer version appended to it)
         terms, slots, counts, lengths = _parse(rows, start)
         added_codes = [self.codes.setdefault(row[2], len(self.codes)) for row in rows]
-        old_terms, old_slots, old_counts = self.delta.triples()
-        order = np.argsort(np.concatenate([old_slots, slots]), kind="stable")  # slot order, as build wants
-        delta = _Segment.build(
-            np.concatenate([old_terms, terms])[order],
-            np.concatenate([old_slots, slots])[order],
-            np.concatenate([old_counts, counts])[order],
-        )
+        deltas = _merged_tail((*self.deltas, _Segment.build(terms, slots, counts)))
+        rowid_column, rowids = self.columns[0].extended(start, np.array([r[0] for r in rows], dtype=np.int64))
+        code_column, document_codes = self.columns[1].extended(start, np.array(added_codes, dtype=np.int32))
+        length_column, all_lengths = self.columns[2].extended(start, lengths)
         made = KeywordPostings(
-            np.concatenate([self.rowids, np.array([row[0] for row in rows], dtype=np.int64)]),
-            self.chunk_ids + [row[1] for row in rows],
-            np.concatenate([self.document_codes, np.array(added_codes, dtype=np.int32)]),
+            rowids,
+            extended(self.chunk_ids, start, [row[1] for row in rows]),
+            document_codes,
             self.codes,
-            np.concatenate([self.lengths, lengths]),
+            all_lengths,
             live,
             self.live_count - int(dying.size) + len(rows),
             self.total_tokens - int(self.lengths[dying].sum()) + int(lengths.sum()),
             self.main,
-            delta,
+            deltas,
+            (rowid_column, code_column, length_column),
         )
-        too_big = delta.size > max(MIN_DELTA_POSTINGS, DELTA_SHARE * self.main.size)
+        too_big = sum(d.size for d in deltas) > max(MIN_DELTA_POSTINGS, DELTA_SHARE * self.main.size)
         return (
             made._compacted() if too_big or (live.size - made.live_count) > DEAD_SHARE * live.size else made
         )
@@ -260,26 +288,21 @@ class KeywordPostings:
         kept = np.flatnonzero(self.live)
         renumber = np.full(self.live.size, -1, dtype=np.int32)
         renumber[kept] = np.arange(kept.size, dtype=np.int32)
-        parts = [self.main.triples(), self.delta.triples()]
-        terms = np.concatenate([part[0] for part in parts])
-        slots = np.concatenate([part[1] for part in parts])
-        counts = np.concatenate([part[2] for part in parts])
+        terms, slots, counts = _joined((self.main, *self.deltas))
         alive = self.live[slots]
-        terms, slots, counts = terms[alive], renumber[slots[alive]], counts[alive]
-        order = np.argsort(slots, kind="stable")
         return KeywordPostings._made(
             self.rowids[kept],
             [self.chunk_ids[slot] for slot in kept],
             self.document_codes[kept],
             self.codes,
             self.lengths[kept],
-            _Segment.build(terms[order], slots[order], counts[order]),
+            _Segment.build(terms[alive], renumber[slots[alive]], counts[alive]),  # (renumbering keeps order)
         )
 
     def _postings(self, term: int) -> tuple[npt.NDArray[np.int32], Counts, Counts]:
         """The term's live postings: slots, title counts, content counts."""
         parts = []
-        for segment in (self.main, self.delta):
+        for segment in (self.main, *self.deltas):
             span = segment.of(term)
             slots = segment.slots[span]
             if slots.size:
@@ -294,9 +317,9 @@ class KeywordPostings:
             nothing = np.zeros(0, dtype=np.int32)
             return nothing, nothing, nothing
         return (
-            np.concatenate([parts[0][0], parts[1][0]]),
-            np.concatenate([parts[0][1], parts[1][1]]),
-            np.concatenate([parts[0][2], parts[1][2]]),
+            np.concatenate([part[0] for part in parts]),
+            np.concatenate([part[1] for part in parts]),
+            np.concatenate([part[2] for part in parts]),
         )
 
     def score(

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.backends.sqlite.appended import extended
 from iris_rag.backends.sqlite.overlay import Overlay
 
 # Room past the last row: an eighth of the rows, at least this many (a one-document ingest appends in place).
@@ -325,8 +326,8 @@ class VectorMatrix:
         return VectorMatrix(
             self.buffer,
             end,
-            _extended(self.chunk_ids, self.size, chunk_ids),
-            _extended(self.document_ids, self.size, document_ids),
+            extended(self.chunk_ids, self.size, chunk_ids),
+            extended(self.document_ids, self.size, document_ids),
             row_of,
             rows_of_document,
             self.dead,
@@ -361,20 +362,6 @@ class VectorMatrix:
             compacted.dead,
             inverted,
         )
-
-
-def _extended(shared: list[str], size: int, more: list[str]) -> list[str]:
-    """The first `size` entries of `shared`, then `more`.
-
-    Appended in place when the list ends at `size` (it is the newest version's; older versions read only
-    their own first entries, as with the buffer), else copied.
-    """
-    if not more:
-        return shared
-    if len(shared) == size:
-        shared.extend(more)
-        return shared
-    return shared[:size] + more
 
 
 _NO_ROWS: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
