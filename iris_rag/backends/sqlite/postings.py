@@ -41,7 +41,7 @@ from iris_rag.backends.sqlite.appended import Column, extended
 
 # One posting in a chunk_terms blob: (term id, title count, content count), int32 each.
 POSTING_FIELDS = 3
-# The delta is merged into the main index past this many postings and this share of the main index's.
+# The deltas are merged into the main index past this many postings in all and this share of its postings.
 MIN_DELTA_POSTINGS = 65_536
 DELTA_SHARE = 0.125
 # Dead rows that make the next version rebuild: more than this share of the rows.
