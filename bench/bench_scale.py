@@ -296,9 +296,22 @@ def time_steps(service: RagService) -> dict[str, list[float]]:
     return steps
 
 
-def call(service: RagService, technique: str, query: str, collection: str, label: str = "") -> float:
+def call(
+    service: RagService,
+    technique: str,
+    query: str,
+    collection: str,
+    label: str = "",
+    params: dict[str, Any] | None = None,
+) -> float:
     """Milliseconds for one call (top 5, no answer generation); its CPU time kept under `label`."""
-    arguments = {"query": query, "collection_id": collection, "options": {"top_k": 5, "generate": False}}
+    arguments: dict[str, Any] = {
+        "query": query,
+        "collection_id": collection,
+        "options": {"top_k": 5, "generate": False},
+    }
+    if params:
+        arguments["technique_params"] = params
     start, cpu = time.perf_counter(), time.process_time()
     result = service.execute({"technique": technique, "arguments": arguments})
     elapsed = (time.perf_counter() - start) * 1000

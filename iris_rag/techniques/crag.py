@@ -27,9 +27,9 @@ from iris_rag.errors import InvalidParametersError
 from iris_rag.llm import Produced, TechniqueLLM, first_line
 from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.retrieval.fusion import WeightedLeg, weighted_sum
+from iris_rag.retrieval.vocabulary import Vocabularies
 from iris_rag.stores.base import CollectionInfo, KeywordQuery, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
-from iris_rag.stores.versioned import VersionedCache
 from iris_rag.text import STOPWORDS, embedding_text, query_terms, split_sentences, stem
 
 Verdict = Literal["correct", "ambiguous", "incorrect"]
@@ -410,8 +410,8 @@ class CragPipeline(Pipeline):
     def __init__(self, context: PipelineContext) -> None:
         super().__init__(context)
         self._llm = TechniqueLLM(context.settings)
-        # The keyword index's vocabulary; reloaded when the data version moves on.
-        self._vocabularies: VersionedCache[dict[str, int]] = VersionedCache()
+        # The keyword index's vocabulary, for IDF (a read within 1 % of the collection's size will do).
+        self._vocabularies = Vocabularies(context.store)
 
     def retrieve(
         self, query: str, collection: CollectionInfo, options: QueryOptions, params: CragParams
@@ -526,7 +526,7 @@ class CragPipeline(Pipeline):
         self, collection: CollectionInfo, first: FirstPass, ranking: list[tuple[StoredChunk, float]]
     ) -> Assessment:
         """The evaluator over a ranking (chunks best first, with their cosine to the original query)."""
-        frequency, total = self._vocabulary(collection), max(collection.chunk_count, 1)
+        frequency, total = self._vocabularies.get(collection), max(collection.chunk_count, 1)
         idf = {s: bm25_idf(frequency.get(s, 0), total) for s in first.query_stems}
         seen: set[str] = set()
         documents = []
@@ -548,7 +548,7 @@ class CragPipeline(Pipeline):
         pool: int,
     ) -> Correction:
         """The LLM's rewrite (dense and keyword legs), or the keyword reformulation (keyword leg only)."""
-        frequency, total = self._vocabulary(collection), max(collection.chunk_count, 1)
+        frequency, total = self._vocabularies.get(collection), max(collection.chunk_count, 1)
         produced: Produced = self._llm.produce(
             REWRITE_PROMPT,
             f"Query: {query}",
@@ -585,7 +585,7 @@ class CragPipeline(Pipeline):
         pool: int,
     ) -> Correction:
         """RM3 pseudo-relevance feedback from the top documents of the first pass (dense and BM25 fused)."""
-        frequency, total = self._vocabulary(collection), max(collection.chunk_count, 1)
+        frequency, total = self._vocabularies.get(collection), max(collection.chunk_count, 1)
         # Feedback documents: the first pass's dense and BM25 rankings fused (SciFact train: feedback from
         # the dense ranking alone drifts on exactly the queries the evaluator doubts).
         candidates = self._candidates(collection, first.vector, first.dense, first.keyword_hits)
@@ -806,13 +806,6 @@ class CragPipeline(Pipeline):
         correction.candidates.update(candidates)
         report["added"] = len(candidates)
         return report
-
-    def _vocabulary(self, collection: CollectionInfo) -> dict[str, int]:
-        return self._vocabularies.get(
-            collection.id,
-            collection.version,
-            lambda: self.context.store.term_document_counts(collection.id),
-        )
 
 
 def _cosines(candidates: dict[str, Candidate]) -> dict[str, float]:

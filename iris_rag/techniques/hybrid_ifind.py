@@ -15,9 +15,9 @@ from iris_rag.retrieval.fusion import (
     weighted_fusion,
 )
 from iris_rag.retrieval.keyword import FuzzyRepair, repair_terms, unknown_terms
+from iris_rag.retrieval.vocabulary import Vocabularies
 from iris_rag.stores.base import CollectionInfo, KeywordQuery, KeywordScoring, ScoredChunk, StoredChunk
 from iris_rag.stores.filters import MetadataFilter, parse_filters
-from iris_rag.stores.versioned import VersionedCache
 from iris_rag.techniques.colbert.rerank import LateInteraction
 from iris_rag.text import query_terms
 
@@ -71,8 +71,8 @@ class HybridIFindPipeline(Pipeline):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # The keyword index's vocabulary, for fuzzy repair; reloaded when the data version moves on.
-        self._vocabularies: VersionedCache[dict[str, int]] = VersionedCache()
+        # The keyword index's vocabulary, for fuzzy repair.
+        self._vocabularies = Vocabularies(self.context.store)
         self._late_interaction: LateInteraction | None = None  # rerank "colbert": made when first asked
 
     def _late(self) -> LateInteraction:
@@ -199,15 +199,10 @@ class HybridIFindPipeline(Pipeline):
 
     def _repair(self, collection: CollectionInfo, terms: list[str]) -> FuzzyRepair:
         """Fuzzy-repair the terms that match nothing in this collection."""
-        vocabulary = self._vocabulary(collection)
+        vocabulary = self._vocabularies.get(collection)
+        if unknown_terms(terms, vocabulary):  # unknown in a recent read: maybe written since; ask the current
+            vocabulary = self._vocabularies.get(collection, current=True)
         return repair_terms(unknown_terms(terms, vocabulary), vocabulary)
-
-    def _vocabulary(self, collection: CollectionInfo) -> dict[str, int]:
-        return self._vocabularies.get(
-            collection.id,
-            collection.version,
-            lambda: self.context.store.term_document_counts(collection.id),
-        )
 
 
 def _metadata_mentions(chunk: StoredChunk | None, fields: list[str], terms: list[str]) -> bool:

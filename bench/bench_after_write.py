@@ -1,0 +1,87 @@
+"""The first call after a write, for the techniques that read the keyword index's vocabulary.
+
+rag_crag (its evaluator's IDF, every call) and rag_hybrid_ifind with `enable_fuzzy_matching` read each
+collection's whole vocabulary (term -> chunks holding it) and keep it for a data version. This bench
+times, in process on an existing collection (generation off, top 5), rounds of: one new document
+ingested, then one call of each technique (the document deleted at the end), against the same calls
+warm (no write between them), alternating; rag_hybrid_ifind without fuzzy matching, which reads no
+vocabulary, is the control for what else a write costs the next call. Printed: p50 / p95 ms of each.
+
+    RAG_DATA_DIR=data .venv/bin/python -m bench.bench_after_write --collection eval-scifact \
+        --dataset ../shared/data/scifact [--rounds 20] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.bench_scale import call
+from bench.common import machine, percentiles, read_jsonl
+from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.runtime import limit_blas_threads
+from iris_rag.service import RagService
+from iris_rag.settings import Settings
+
+CALLS = {
+    "rag_crag": ("crag", {}),
+    "rag_hybrid_ifind, fuzzy": ("hybrid_ifind", {"enable_fuzzy_matching": True}),
+    "rag_hybrid_ifind (no vocabulary: the control)": ("hybrid_ifind", {}),
+}
+
+
+def _call(service: RagService, name: str, query: str, collection: str) -> float:
+    technique, params = CALLS[name]
+    return call(service, technique, query, collection, params=params)
+
+
+def measure(collection: str, dataset: Path, rounds: int) -> dict[str, Any]:
+    service = RagService(Settings())
+    queries = [q["text"] for q in read_jsonl(dataset / "queries.jsonl", 2 * rounds + 10)]
+    corpus = read_jsonl(dataset / "corpus.jsonl", rounds)
+    for name in CALLS:  # warm up: the models, the vocabulary of the current version
+        _call(service, name, queries[-1], collection)
+    warm: dict[str, list[float]] = {name: [] for name in CALLS}
+    after: dict[str, list[float]] = {name: [] for name in CALLS}
+    added = []
+    for number in range(rounds):
+        for name in CALLS:
+            warm[name].append(_call(service, name, queries[2 * number], collection))
+        record = corpus[number]
+        document = SourceDocument(f"after_write_{number}", record["text"], record.get("title", ""), {})
+        outcome = service.ingestor.ingest(collection, [document])
+        assert not outcome.errors, outcome.errors
+        added.append(str(document.id))
+        for name in CALLS:
+            after[name].append(_call(service, name, queries[2 * number + 1], collection))
+    for document_id in added:
+        service.store.delete_document(collection, document_id)
+    report = {
+        "machine": machine(),
+        "collection": collection,
+        "chunks": service.store.get_collection(collection).chunk_count,  # type: ignore[union-attr]
+        "rounds": rounds,
+        **{f"{name} warm_ms": percentiles(warm[name]) for name in CALLS},
+        **{f"{name} after_a_write_ms": percentiles(after[name]) for name in CALLS},
+    }
+    print(json.dumps(report, indent=2))
+    return report
+
+
+def main() -> None:
+    limit_blas_threads()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--collection", default="eval-scifact")
+    parser.add_argument("--dataset", type=Path, default=Path("../shared/data/scifact"))
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    report = measure(args.collection, args.dataset, args.rounds)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
