@@ -1,7 +1,7 @@
 """Caches of a collection's derived state, keyed by the data version the database holds.
 
 Every process that opens the store keeps its own caches (vector matrix, NodeRAG leaves, graph entities,
-vocabularies, ColBERT IDF). They all follow one rule: a value is built for the collection's data version
+ColBERT IDF). They all follow one rule: a value is built for the collection's data version
 (DocumentStore.data_version, bumped by the database in every transaction that changes the collection's
 documents, whichever process commits it) and rebuilt on the first call that reads a newer version. The
 version is read BEFORE the build, so a value holds that version's data or newer, never older.
@@ -9,6 +9,8 @@ version is read BEFORE the build, so a value holds that version's data or newer,
 A cache may also bring a held value up to date instead of building it again (`update`, the SQLite vector
 matrix: only the documents written since the held version are read). The same rule holds: the update reads
 what changed after the held version, so the value it returns holds the asked version's data or newer.
+The keyword vocabularies (retrieval/vocabulary.py) use `update` to keep a read while the collection stays
+within 1 % of it: statistics, for which a close version will do, and a full read costs a scan of the index.
 """
 
 from __future__ import annotations
