@@ -1268,12 +1268,11 @@ class SqliteStore:
         """
         connection = self._connection()
         with _read_snapshot(connection):
-            terms = self._bounded_terms(collection_id, query)
+            chunks = self._chunk_count(collection_id)  # once, in the snapshot the bounds are read in
+            terms = self._bounded_terms(collection_id, query, chunks)
             split = 1
             matched = terms[0][2]
-            while split < len(terms) and matched + terms[split][2] <= PRUNE_ESSENTIAL_SHARE * max(
-                1, self._chunk_count(collection_id)
-            ):
+            while split < len(terms) and matched + terms[split][2] <= PRUNE_ESSENTIAL_SHARE * max(1, chunks):
                 matched += terms[split][2]
                 split += 1
             for _ in range(2):
@@ -1296,8 +1295,11 @@ class SqliteStore:
             ).fetchall()
             return self._scored_chunks([(row[0], row[1]) for row in rows])
 
-    def _bounded_terms(self, collection_id: str, query: KeywordQuery) -> list[tuple[str, float, int]]:
-        """The query's phrases (repeated by weight), score bounds and document counts, largest bound first.
+    def _bounded_terms(
+        self, collection_id: str, query: KeywordQuery, chunks: int
+    ) -> list[tuple[str, float, int]]:
+        """The query's phrases (repeated by weight), score bounds and document counts, largest bound first
+        (the bounds' IDF over `chunks`, the collection's count in the caller's read snapshot).
 
         A term FTS5 reads as several tokens (a phrase) or none is unbounded: always essential.
         """
@@ -1317,7 +1319,6 @@ class SqliteStore:
                 )
                 .fetchall()
             )
-        chunks = self._chunk_count(collection_id)
         terms: list[tuple[str, float, int]] = []
         for text, weight, tokens in zip(texts, weights, found, strict=True):
             if not text or weight <= 0:
