@@ -1298,10 +1298,10 @@ class SqliteStore:
     def _bounded_terms(
         self, collection_id: str, query: KeywordQuery, chunks: int
     ) -> list[tuple[str, float, int]]:
-        """The query's phrases (repeated by weight), score bounds and document counts, largest bound first
-        (the bounds' IDF over `chunks`, the collection's count in the caller's read snapshot).
+        """The query's phrases (repeated by weight), score bounds and document counts, largest bound first.
 
-        A term FTS5 reads as several tokens (a phrase) or none is unbounded: always essential.
+        The bounds' IDF is over `chunks`, the collection's count read in the caller's read snapshot. A term
+        FTS5 reads as several tokens (a phrase) or none is unbounded: always essential.
         """
         texts = [term.replace('"', "") for term in query.terms]
         weights = list(query.terms.values())
