@@ -242,6 +242,20 @@ class Documents(Protocol):
         Caches of derived state (stores.versioned) key on it; reading it is one cheap query.
         """
 
+    def changed_documents(self, collection_id: str, since: int, through: int, limit: int) -> set[str] | None:
+        """The documents written or deleted in the collection's versions after `since`, through `through`.
+
+        Changes past `through` may be named too (newer data, as good for a cache brought up to date). None
+        when the store cannot tell: its change log lacks a version of the span (pruned, written by an older
+        schema, no log in this backend) or more than `limit` documents changed; the caller then reloads.
+        """
+
+    def read_snapshot(self) -> AbstractContextManager[None]:
+        """Reads on this thread inside see one state of the collection's rows (joins an open transaction).
+
+        For derived state read in several queries that must agree with each other (stores.versioned).
+        """
+
     def matching_document_ids(self, collection_id: str, metadata_filter: MetadataFilter) -> set[str]:
         """Ids of the documents whose metadata passes the filter."""
 

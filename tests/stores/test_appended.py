@@ -7,9 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from iris_rag.backends.sqlite import appended, postings
-from iris_rag.backends.sqlite.appended import Column
+from iris_rag.backends.sqlite import postings
 from iris_rag.backends.sqlite.postings import KeywordPostings, PostingRow, encode
+from iris_rag.stores import appended
+from iris_rag.stores.appended import Column
 
 TERMS = 12
 

@@ -32,6 +32,11 @@ _COLUMNS = (
 )
 
 
+# A collection's leaves with the order they were written in (a row per leaf).
+_LEAF_SELECT = f"""SELECT write_order, document_id, node_id, parent_id, raw_vector
+    FROM {SCHEMA}.NodeTreeNodes WHERE collection_id = ? AND raw_vector IS NOT NULL"""
+
+
 class IrisNodeTreeStorage:
     """The IrisRag.NodeTreeDocuments and IrisRag.NodeTreeNodes tables."""
 
@@ -77,22 +82,28 @@ class IrisNodeTreeStorage:
                 (collection_id, document_id),
             )
 
-    def leaves(self, collection_id: str) -> LeafMatrix:
+    def leaves(self, collection_id: str, document_ids: set[str] | None = None) -> LeafMatrix:
         """The leaf rows in the order written, their vectors joined into one matrix."""
-        rows = self.store.rows(
-            f"""SELECT document_id, node_id, parent_id, raw_vector FROM {SCHEMA}.NodeTreeNodes
-                WHERE collection_id = ? AND raw_vector IS NOT NULL ORDER BY write_order""",
-            (collection_id,),
-        )
+        if document_ids is None:
+            rows = list(self.store.rows(f"{_LEAF_SELECT} ORDER BY write_order", (collection_id,)))
+        else:
+            ordered = sorted(document_ids)
+            rows = []
+            for start in range(0, len(ordered), BATCH):
+                batch = ordered[start : start + BATCH]
+                rows += self.store.rows(
+                    f"{_LEAF_SELECT} AND document_id IN ({_marks(len(batch))})", (collection_id, *batch)
+                )
+            rows.sort(key=lambda row: int(row[0]))
         vectors = (
-            np.frombuffer(b"".join(bytes(row[3]) for row in rows), dtype=np.float32).reshape(len(rows), -1)
+            np.frombuffer(b"".join(bytes(row[4]) for row in rows), dtype=np.float32).reshape(len(rows), -1)
             if rows
             else np.zeros((0, 0), dtype=np.float32)
         )
         return LeafMatrix(
-            [row[0] for row in rows],
-            np.fromiter((int(row[1]) for row in rows), dtype=np.int64, count=len(rows)),
+            [row[1] for row in rows],
             np.fromiter((int(row[2]) for row in rows), dtype=np.int64, count=len(rows)),
+            np.fromiter((int(row[3]) for row in rows), dtype=np.int64, count=len(rows)),
             vectors,
         )
 

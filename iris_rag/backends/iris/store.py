@@ -19,7 +19,7 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -656,6 +656,14 @@ class IrisStore:
             f"SELECT data_version FROM {SCHEMA}.Versions WHERE collection_id = ?", (collection_id,)
         )
         return int(rows[0][0]) if rows else 0
+
+    def changed_documents(self, collection_id: str, since: int, through: int, limit: int) -> set[str] | None:
+        """Always None: this backend keeps no change log, so derived state reloads after a write."""
+        return None
+
+    def read_snapshot(self) -> AbstractContextManager[None]:
+        """No snapshot: each query reads the committed rows (rag_noderag reads its leaves in one query)."""
+        return nullcontext()
 
     def _collection_vectors(self, collection_id: str) -> _Vectors:
         return self._vectors.get(

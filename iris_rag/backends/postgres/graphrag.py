@@ -256,23 +256,36 @@ class PostgresKnowledgeGraph:
             )
         }
 
-    def entities(self, collection_id: str, min_documents: int) -> list[StoredEntity]:
-        """Every entity by id; vectors only of those in at least min_documents documents."""
+    def entities(
+        self, collection_id: str, min_documents: int, mentioned_by: set[str] | None = None
+    ) -> list[StoredEntity]:
+        """Every entity (or those the documents mention) by id; vectors of those in min_documents or more."""
+        chosen = (
+            ""
+            if mentioned_by is None
+            else " AND id IN (SELECT entity_id FROM kg_mentions WHERE collection_id = %s "
+            "AND document_id = ANY(%s))"
+        )
         rows = self._rows(
             "SELECT id, key, name, type, mention_count, document_count, "
             "CASE WHEN document_count >= %s THEN embedding END, document_count >= %s "
-            "FROM kg_entities WHERE collection_id = %s ORDER BY id",
-            (min_documents, min_documents, collection_id),
+            f"FROM kg_entities WHERE collection_id = %s{chosen} ORDER BY id",
+            (min_documents, min_documents, collection_id)
+            + (() if mentioned_by is None else (collection_id, sorted(mentioned_by))),
         )
         return [
             StoredEntity(EntityRow(*row[:6]), bytes(row[6]) if row[6] is not None else None, bool(row[7]))
             for row in rows
         ]
 
-    def entity_aliases(self, collection_id: str) -> list[tuple[str, int]]:
-        """Every distinct (alias, entity id) of the collection."""
+    def entity_aliases(
+        self, collection_id: str, document_ids: set[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """Every distinct (alias, entity id) of the collection (or of these documents' alias rows)."""
+        chosen = "" if document_ids is None else " AND document_id = ANY(%s)"
         rows = self._rows(
-            "SELECT DISTINCT alias, entity_id FROM kg_aliases WHERE collection_id = %s", (collection_id,)
+            f"SELECT DISTINCT alias, entity_id FROM kg_aliases WHERE collection_id = %s{chosen}",
+            (collection_id,) if document_ids is None else (collection_id, sorted(document_ids)),
         )
         return [(row[0], int(row[1])) for row in rows]
 

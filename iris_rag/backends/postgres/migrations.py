@@ -14,6 +14,9 @@ logger = logging.getLogger(__name__)
 
 # Any fixed number: every process migrating this database takes the same transaction-level lock.
 _ADVISORY_LOCK = 0x1815_5A6D
+# Versions of change log kept per collection (step 14's trigger prunes older rows): a process further behind
+# than this reloads its derived state whole.
+CHANGE_LOG_VERSIONS = 10_000
 
 MIGRATIONS: list[tuple[int, str, str]] = [
     (
@@ -355,6 +358,37 @@ UPDATE keyword_totals t
 {CREATE_TABLE_SQL};
 {PACK_SQL.format(source="keyword_postings", block=BLOCK_POSTINGS)};
 DROP TABLE keyword_postings;
+""",
+    ),
+    (
+        14,
+        "each data version logs the documents it changed",
+        # A process holding a collection's derived state of version v (NodeRAG's leaf matrix, GraphRAG's
+        # entity table) reads only the documents changed after v instead of the whole collection. Every
+        # version from here on has its rows, so a gap (a version moved before this step, or pruned: the
+        # last CHANGE_LOG_VERSIONS are kept) tells the reader to reload.
+        f"""
+CREATE TABLE collection_changes (
+    collection_id TEXT NOT NULL,
+    version       BIGINT NOT NULL,
+    document_id   TEXT NOT NULL,
+    PRIMARY KEY (collection_id, version, document_id)
+);
+CREATE OR REPLACE FUNCTION bump_collection_versions() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    WITH bumped AS (
+        INSERT INTO collection_versions AS v
+        SELECT DISTINCT collection_id, 1 FROM changed_rows
+        ON CONFLICT (collection_id) DO UPDATE SET version = v.version + 1
+        RETURNING v.collection_id, v.version
+    )
+    INSERT INTO collection_changes
+    SELECT DISTINCT b.collection_id, b.version, c.id FROM bumped b JOIN changed_rows c USING (collection_id);
+    DELETE FROM collection_changes g USING collection_versions v
+    WHERE v.collection_id IN (SELECT DISTINCT collection_id FROM changed_rows)
+      AND g.collection_id = v.collection_id AND g.version <= v.version - {CHANGE_LOG_VERSIONS};
+    RETURN NULL;
+END $$;
 """,
     ),
 ]

@@ -55,14 +55,15 @@ class PostgresNodeTreeStorage:
                 (collection_id, document_id),
             )
 
-    def leaves(self, collection_id: str) -> LeafMatrix:
+    def leaves(self, collection_id: str, document_ids: set[str] | None = None) -> LeafMatrix:
         """The leaf rows in insertion order, their vectors joined into one matrix."""
+        chosen = "" if document_ids is None else " AND document_id = ANY(%s)"
         rows = (
             self.store.connection()
             .execute(
                 "SELECT document_id, node_id, parent_id, embedding FROM node_tree_nodes "
-                "WHERE collection_id = %s AND embedding IS NOT NULL ORDER BY row_id",
-                (collection_id,),
+                f"WHERE collection_id = %s AND embedding IS NOT NULL{chosen} ORDER BY row_id",
+                (collection_id,) if document_ids is None else (collection_id, sorted(document_ids)),
             )
             .fetchall()
         )

@@ -706,6 +706,8 @@ class PostgresStore:
                 if isinstance(index, CollectionState):
                     index.drop_collection(collection_id)
             connection.execute("DELETE FROM collections WHERE id = %s", (collection_id,))
+            # Its version stays (versions never repeat); its log goes, so any older cached state reloads.
+            connection.execute("DELETE FROM collection_changes WHERE collection_id = %s", (collection_id,))
             connection.execute("DELETE FROM keyword_totals WHERE collection_id = %s", (collection_id,))
             connection.execute("DELETE FROM keyword_terms WHERE collection_id = %s", (collection_id,))
             keyword_blocks.delete_collection(connection, collection_id)
@@ -787,6 +789,33 @@ class PostgresStore:
             .fetchone()
         )
         return int(row["version"]) if row else 0
+
+    def changed_documents(self, collection_id: str, since: int, through: int, limit: int) -> set[str] | None:
+        """From collection_changes, the log the version trigger writes (None: a gap, or over `limit`)."""
+        rows = (
+            self.connection()
+            .execute(
+                "SELECT version, document_id FROM collection_changes "
+                "WHERE collection_id = %s AND version > %s",
+                (collection_id, since),
+            )
+            .fetchall()
+        )
+        if len({row["version"] for row in rows if row["version"] <= through}) != through - since:
+            return None
+        documents = {str(row["document_id"]) for row in rows}
+        return documents if len(documents) <= limit else None
+
+    @contextmanager
+    def read_snapshot(self) -> Iterator[None]:
+        """A REPEATABLE READ, READ ONLY transaction on the thread's connection (or the one already open)."""
+        connection = self.connection()
+        if connection.info.transaction_status != TransactionStatus.IDLE:
+            yield
+            return
+        with connection.transaction():
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield
 
     def vector_search(
         self,

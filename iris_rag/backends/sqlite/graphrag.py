@@ -387,30 +387,47 @@ class SqliteKnowledgeGraph:
         )
         return {row[0] for row in rows}
 
-    def entities(self, collection_id: str, min_documents: int) -> list[StoredEntity]:
-        """Every entity by id; vectors only of those in at least min_documents documents."""
-        rows = (
-            self._store.connection()
-            .execute(
-                "SELECT id, key, name, type, mention_count, document_count, "
-                "CASE WHEN document_count >= ? THEN embedding END, document_count >= ? "
-                "FROM kg_entities WHERE collection_id = ? ORDER BY id",
-                (min_documents, min_documents, collection_id),
-            )
-            .fetchall()
+    def entities(
+        self, collection_id: str, min_documents: int, mentioned_by: set[str] | None = None
+    ) -> list[StoredEntity]:
+        """Every entity (or those the documents mention) by id; vectors of those in min_documents or more."""
+        query = (
+            "SELECT id, key, name, type, mention_count, document_count, "
+            "CASE WHEN document_count >= ? THEN embedding END, document_count >= ? "
+            "FROM kg_entities WHERE collection_id = ?"
         )
+        connection = self._store.connection()
+        if mentioned_by is None:
+            rows = connection.execute(
+                f"{query} ORDER BY id", (min_documents, min_documents, collection_id)
+            ).fetchall()
+        else:
+            found: dict[int, Any] = {}
+            for batch in _batches(sorted(mentioned_by)):
+                for row in connection.execute(
+                    f"""{query} AND id IN (SELECT entity_id FROM kg_mentions WHERE collection_id = ?
+                        AND document_id IN ({",".join("?" * len(batch))}))""",
+                    (min_documents, min_documents, collection_id, collection_id, *batch),
+                ):
+                    found[row[0]] = row
+            rows = [found[key] for key in sorted(found)]
         return [StoredEntity(EntityRow(*row[:6]), row[6], bool(row[7])) for row in rows]
 
-    def entity_aliases(self, collection_id: str) -> list[tuple[str, int]]:
-        """Every distinct (alias, entity id) of the collection."""
-        rows = (
-            self._store.connection()
-            .execute(
-                "SELECT DISTINCT alias, entity_id FROM kg_aliases WHERE collection_id = ?", (collection_id,)
-            )
-            .fetchall()
-        )
-        return [(row[0], int(row[1])) for row in rows]
+    def entity_aliases(
+        self, collection_id: str, document_ids: set[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """Every distinct (alias, entity id) of the collection (or of these documents' alias rows)."""
+        connection = self._store.connection()
+        query = "SELECT DISTINCT alias, entity_id FROM kg_aliases WHERE collection_id = ?"
+        if document_ids is None:
+            rows = connection.execute(query, (collection_id,)).fetchall()
+        else:
+            rows = []
+            for batch in _batches(sorted(document_ids)):
+                rows += connection.execute(
+                    f"{query} AND document_id IN ({','.join('?' * len(batch))})", (collection_id, *batch)
+                ).fetchall()
+        return list(dict.fromkeys((row[0], int(row[1])) for row in rows))
 
     def alias_rows(self, collection_id: str) -> list[AliasRow]:
         """Every alias row of the collection as written."""

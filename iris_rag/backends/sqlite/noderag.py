@@ -93,26 +93,33 @@ class SqliteNodeTreeStorage:
                 (collection_id, document_id),
             )
 
-    def leaves(self, collection_id: str) -> LeafMatrix:
+    def leaves(self, collection_id: str, document_ids: set[str] | None = None) -> LeafMatrix:
         """The leaf rows in rowid (insertion) order, their blobs joined into one matrix."""
-        rows = (
-            self.store.connection()
-            .execute(
-                "SELECT document_id, node_id, parent_id, embedding FROM node_tree_nodes "
-                "WHERE collection_id = ? AND embedding IS NOT NULL ORDER BY rowid",
-                (collection_id,),
-            )
-            .fetchall()
+        connection = self.store.connection()
+        query = (
+            "SELECT rowid, document_id, node_id, parent_id, embedding FROM node_tree_nodes "
+            "WHERE collection_id = ? AND embedding IS NOT NULL"
         )
+        if document_ids is None:
+            rows = connection.execute(f"{query} ORDER BY rowid", (collection_id,)).fetchall()
+        else:
+            ordered = sorted(document_ids)
+            rows = []
+            for start in range(0, len(ordered), _READ_BATCH):
+                batch = ordered[start : start + _READ_BATCH]
+                rows += connection.execute(
+                    f"{query} AND document_id IN ({','.join('?' * len(batch))})", (collection_id, *batch)
+                ).fetchall()
+            rows.sort(key=lambda row: int(row[0]))  # rowid: the order a whole read gives
         vectors = (
-            np.frombuffer(b"".join(row[3] for row in rows), dtype=np.float32).reshape(len(rows), -1)
+            np.frombuffer(b"".join(row[4] for row in rows), dtype=np.float32).reshape(len(rows), -1)
             if rows
             else np.zeros((0, 0), dtype=np.float32)
         )
         return LeafMatrix(
-            [row[0] for row in rows],
-            np.fromiter((row[1] for row in rows), dtype=np.int64, count=len(rows)),
+            [row[1] for row in rows],
             np.fromiter((row[2] for row in rows), dtype=np.int64, count=len(rows)),
+            np.fromiter((row[3] for row in rows), dtype=np.int64, count=len(rows)),
             vectors,
         )
 

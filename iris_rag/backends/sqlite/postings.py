@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.backends.common.bm25 import K1, B
-from iris_rag.backends.sqlite.appended import Column, extended
+from iris_rag.stores.appended import Column, extended
 
 # One posting in a chunk_terms blob: (term id, title count, content count), int32 each.
 POSTING_FIELDS = 3

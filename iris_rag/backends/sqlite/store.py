@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -849,6 +849,14 @@ class SqliteStore:
         )
         return int(row[0]) if row else 0
 
+    def changed_documents(self, collection_id: str, since: int, through: int, limit: int) -> set[str] | None:
+        """From collection_changes, the log the version triggers write (None: a gap, or over `limit`)."""
+        return _changed_documents(self._connection(), collection_id, since, through, limit)
+
+    def read_snapshot(self) -> AbstractContextManager[None]:
+        """A read transaction on the thread's connection (WAL: one snapshot until it ends)."""
+        return _read_snapshot(self._connection())
+
     def _invalidate(self, collection_id: str) -> None:
         """Let go of the collection's matrix now (deleted: frees its memory early; failed write: unknown).
 
@@ -896,7 +904,9 @@ class SqliteStore:
         rows are newer data, as good) and their chunk rows now: a document since deleted has none.
         """
         connection = self._connection()
-        documents = _changed_documents(connection, collection_id, held, version, matrix.live_count)
+        documents = _changed_documents(
+            connection, collection_id, held, version, update_limit(matrix.live_count)
+        )
         if documents is None:
             return None
         batches: list[Batch] = []
@@ -1193,7 +1203,9 @@ class SqliteStore:
         if state.postings is None:
             return None
         connection = self._connection()
-        documents = _changed_documents(connection, collection_id, held, version, state.postings.live_count)
+        documents = _changed_documents(
+            connection, collection_id, held, version, update_limit(state.postings.live_count)
+        )
         if documents is None:
             return None
         rows: list[PostingRow] = []
@@ -1612,13 +1624,18 @@ def _prune_changes(connection: sqlite3.Connection, collection_id: str) -> None:
     )
 
 
+def update_limit(live_chunks: int) -> int:
+    """Changed documents up to which a held matrix is updated: beyond, one sequential read is cheaper."""
+    return max(MAX_DOCUMENTS_TO_UPDATE, live_chunks // 4)
+
+
 def _changed_documents(
-    connection: sqlite3.Connection, collection_id: str, held: int, version: int, live_chunks: int
+    connection: sqlite3.Connection, collection_id: str, held: int, version: int, limit: int
 ) -> set[str] | None:
     """The documents changed after version `held`, through `version` at least; None when a reload is due.
 
     None when the log lacks a version (pruned, or moved on by a process of an earlier schema) or when more
-    documents changed than is worth updating (one sequential read is cheaper).
+    than `limit` documents changed.
     """
     changes = connection.execute(
         "SELECT version, document_id FROM collection_changes WHERE collection_id = ? AND version > ?",
@@ -1627,9 +1644,7 @@ def _changed_documents(
     if len({row[0] for row in changes if row[0] <= version}) != version - held:
         return None
     documents = {row[1] for row in changes}
-    if len(documents) > max(MAX_DOCUMENTS_TO_UPDATE, live_chunks // 4):
-        return None
-    return documents
+    return documents if len(documents) <= limit else None
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag.backends.sqlite.appended import extended
 from iris_rag.backends.sqlite.overlay import Overlay
+from iris_rag.stores.appended import extended
 
 # Room past the last row: an eighth of the rows, at least this many (a one-document ingest appends in place).
 MIN_SPARE_ROWS = 64

@@ -37,6 +37,7 @@ import numpy.typing as npt
 from iris_rag.cancellation import check_cancelled
 from iris_rag.encoder import TextEncoder
 from iris_rag.settings import Settings
+from iris_rag.stores.appended import Column
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.stores.versioned import VersionedCache
 from iris_rag.techniques.graphrag.extraction import (
@@ -60,6 +61,7 @@ from iris_rag.techniques.graphrag.storage import (
     NewEvidence,
     NewRelation,
     RelationRow,
+    StoredEntity,
 )
 from iris_rag.text import chunk_id
 
@@ -70,6 +72,18 @@ logger = logging.getLogger(__name__)
 EMBED_ALL_ENTITIES_UP_TO = 20_000
 MIN_DOCUMENTS_TO_EMBED = 2
 NAME_ENCODE_BATCH = 1024  # names per encoder call: short calls, a cancellation checkpoint between them
+# Documents changed since a held entity table up to which it is updated rather than loaded again (or a
+# quarter of the documents the graph covers).
+MAX_DOCUMENTS_TO_UPDATE = 1000
+
+
+def _min_documents(entities: int) -> int:
+    """The documents an entity must be mentioned in for its name to be embedded, in a graph this large.
+
+    Large graphs compare the query with the names of the entities that connect documents; the long tail of
+    entities mentioned by one document still links exactly and fuzzily.
+    """
+    return 1 if entities <= EMBED_ALL_ENTITIES_UP_TO else MIN_DOCUMENTS_TO_EMBED
 
 
 def _now() -> str:
@@ -104,7 +118,7 @@ class PreparedGraphs:
 
 @dataclass
 class EntityTable:
-    """A collection's entities, aliases and name vectors, loaded once per data version."""
+    """A collection's entities, aliases and name vectors, for a data version."""
 
     documents: int
     rows: list[EntityRow]
@@ -115,6 +129,13 @@ class EntityTable:
     # Name vectors of the entities that are embedded (vector_rows[i] is the position in rows of vectors[i]).
     vector_rows: npt.NDArray[np.int64]
     vectors: npt.NDArray[np.float32]
+    # What a later version is made from (KnowledgeGraphIndex._updated_entities): the data version read in
+    # the snapshot it was read in, the documents the graph covered, the document count from which a name is
+    # embedded, the storage `vectors` views.
+    version: int = 0
+    indexed: frozenset[str] = frozenset()
+    min_documents: int = 1
+    vector_column: Column | None = field(default=None, compare=False, repr=False)
 
     def specificity(self, entity_id: int) -> float:
         """How specific an entity is to few documents, in [0, 1] (normalised IDF)."""
@@ -346,34 +367,107 @@ class KnowledgeGraphIndex:
         return self.graph.extractor_counts(collection_id)
 
     def entity_table(self, collection_id: str, version: int) -> EntityTable:
-        """The collection's entities with their name vectors, loaded once per data version (read before)."""
-        return self._tables.get(collection_id, version, lambda: self._load_entities(collection_id))
+        """The collection's entities with their name vectors for this data version (read before) or newer.
+
+        Loaded whole once; after writes that only added documents to the graph, brought up to date from the
+        entities those documents mention. A document the held table covers written again or deleted may
+        have taken entities, counts or aliases away: then the table is loaded again.
+        """
+        return self._tables.get(
+            collection_id,
+            version,
+            lambda: self._load_entities(collection_id),
+            lambda _, table: self._updated_entities(collection_id, table),
+        )
 
     def _load_entities(self, collection_id: str) -> EntityTable:
-        total = self.graph.counts(collection_id)["entities"]
-        # Large graphs compare the query with the names of the entities that connect documents; the long
-        # tail of entities mentioned by one document still links exactly and fuzzily.
-        min_documents = 1 if total <= EMBED_ALL_ENTITIES_UP_TO else MIN_DOCUMENTS_TO_EMBED
-        rows: list[EntityRow] = []
-        embedded: list[int] = []
-        blobs: list[bytes | None] = []
-        for stored in self.graph.entities(collection_id, min_documents):
-            if stored.wanted:
-                embedded.append(len(rows))
-                blobs.append(stored.vector)
-            rows.append(stored.row)
-        aliases: dict[str, list[int]] = defaultdict(list)
-        for alias, entity_id in self.graph.entity_aliases(collection_id):
-            aliases[alias].append(entity_id)
+        with self.store.read_snapshot():  # the documents covered and the counts they add up to agree
+            version = self.store.data_version(collection_id)
+            indexed = frozenset(self.graph.indexed_document_ids(collection_id))
+            min_documents = _min_documents(self.graph.counts(collection_id)["entities"])
+            stored = self.graph.entities(collection_id, min_documents)
+            aliases: dict[str, list[int]] = defaultdict(list)
+            for alias, entity_id in self.graph.entity_aliases(collection_id):
+                aliases[alias].append(entity_id)
+        rows = [entity.row for entity in stored]
+        embedded = [i for i, entity in enumerate(stored) if entity.wanted]
         return EntityTable(
-            documents=self.indexed_documents(collection_id),
+            documents=len(indexed),
             rows=rows,
             row_of_id={r.id: i for i, r in enumerate(rows)},
             id_of_key={r.key: r.id for r in rows},
             ids_of_alias=dict(aliases),
             keys=[r.key for r in rows],
             vector_rows=np.array(embedded, dtype=np.int64),
-            vectors=self._stored_vectors(collection_id, [rows[i].name for i in embedded], blobs),
+            vectors=self._stored_vectors(
+                collection_id, [rows[i].name for i in embedded], [stored[i].vector for i in embedded]
+            ),
+            version=version,
+            indexed=indexed,
+            min_documents=min_documents,
+        )
+
+    def _updated_entities(self, collection_id: str, table: EntityTable) -> EntityTable | None:
+        """The table brought to the version the database holds now; None when it must be loaded again.
+
+        Only documents the table did not cover may have changed (rows are re-read whole, so a document
+        indexed and removed again in between leaves nothing behind); the rows of the entities they mention
+        now are read again, new entities appended (a fresh load orders by id: a new id below the last one
+        reloads), and names mentioned in enough documents only now embedded.
+        """
+        with self.store.read_snapshot():
+            version = self.store.data_version(collection_id)
+            limit = max(MAX_DOCUMENTS_TO_UPDATE, table.documents // 4)
+            documents = self.store.changed_documents(collection_id, table.version, version, limit)
+            if documents is None or not table.indexed.isdisjoint(documents):
+                return None
+            indexed = frozenset(self.graph.indexed_document_ids(collection_id))
+            graphed = documents & indexed  # the others have no graph yet (an ingest before its build)
+            stored = self.graph.entities(collection_id, table.min_documents, graphed) if graphed else []
+            aliases = self.graph.entity_aliases(collection_id, graphed) if graphed else []
+        new = [entity for entity in stored if entity.row.id not in table.row_of_id]
+        if (new and table.rows and new[0].row.id < table.rows[-1].id) or _min_documents(
+            len(table.rows) + len(new)
+        ) != table.min_documents:
+            return None
+        rows = list(table.rows)
+        row_of_id = dict(table.row_of_id)
+        to_embed: list[tuple[int, StoredEntity]] = []
+        for entity in stored:
+            place = row_of_id.get(entity.row.id)
+            embedded = place is not None and rows[place].document_count >= table.min_documents
+            if place is None:
+                place = row_of_id[entity.row.id] = len(rows)
+                rows.append(entity.row)
+            else:
+                rows[place] = entity.row
+            if entity.wanted and not embedded:
+                to_embed.append((place, entity))
+        ids_of_alias = dict(table.ids_of_alias)
+        for alias, entity_id in aliases:
+            known = ids_of_alias.get(alias, [])
+            if entity_id not in known:
+                ids_of_alias[alias] = [*known, entity_id]
+        column = table.vector_column if table.vector_column is not None else Column(table.vectors)
+        fresh = self._stored_vectors(
+            collection_id, [e.row.name for _, e in to_embed], [e.vector for _, e in to_embed]
+        )
+        column, vectors = column.extended(len(table.vectors), fresh)
+        return EntityTable(
+            documents=len(indexed),
+            rows=rows,
+            row_of_id=row_of_id,
+            id_of_key={**table.id_of_key, **{e.row.key: e.row.id for e in new}},
+            ids_of_alias=ids_of_alias,
+            keys=[*table.keys, *(e.row.key for e in new)],
+            vector_rows=np.concatenate(
+                [table.vector_rows, np.array([place for place, _ in to_embed], dtype=np.int64)]
+            ),
+            vectors=vectors,
+            version=version,
+            indexed=indexed,
+            min_documents=table.min_documents,
+            vector_column=column,
         )
 
     def _stored_vectors(

@@ -196,11 +196,15 @@ class KnowledgeGraphStorage(Protocol):
     def indexed_document_ids(self, collection_id: str) -> set[str]:
         """The ids of the documents the graph covers."""
 
-    def entities(self, collection_id: str, min_documents: int) -> list[StoredEntity]:
-        """Every entity by id; vectors only of those in at least min_documents documents."""
+    def entities(
+        self, collection_id: str, min_documents: int, mentioned_by: set[str] | None = None
+    ) -> list[StoredEntity]:
+        """Every entity (or those the documents mention) by id; vectors of those in min_documents or more."""
 
-    def entity_aliases(self, collection_id: str) -> list[tuple[str, int]]:
-        """Every distinct (alias, entity id) of the collection."""
+    def entity_aliases(
+        self, collection_id: str, document_ids: set[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """Every distinct (alias, entity id) of the collection (or of these documents' alias rows)."""
 
     def alias_rows(self, collection_id: str) -> list[AliasRow]:
         """Every alias row of the collection as written (`iris-rag migrate` copies them)."""

@@ -35,6 +35,9 @@ from iris_rag.text import embedding_text, split_sentences
 
 # A sentence longer than this is cut at whitespace: the encoder reads at most 256 word pieces anyway.
 MAX_SENTENCE_CHARS = 1000
+# Changed documents up to which a held leaf matrix is updated rather than read again whole (or, in a large
+# collection, its leaves / 40: about a quarter of its documents, at some ten leaves a document).
+MAX_DOCUMENTS_TO_UPDATE = 1000
 # Leaves are embedded this many texts per encode call (outside the ingest transaction): the encoder sorts a
 # call's texts by length, so larger calls pad less; each call's vectors go to the embedding cache.
 ENCODE_BATCH = 1024
@@ -423,8 +426,20 @@ class NodeTreeIndex:
 
     # Reading
     def leaf_matrix(self, collection_id: str, version: int) -> LeafMatrix:
-        """The collection's leaf vectors, loaded once per data version (read before this call)."""
-        return self._matrices.get(collection_id, version, lambda: self.storage.leaves(collection_id))
+        """The collection's leaf vectors for this data version (read before this call) or newer.
+
+        Loaded whole once; after a write, brought up to date from the documents changed since (the store's
+        change log), where the store can name them.
+        """
+
+        def update(held: int, matrix: LeafMatrix) -> LeafMatrix | None:
+            limit = max(MAX_DOCUMENTS_TO_UPDATE, len(matrix.document_ids) // 40)
+            documents = self.store.changed_documents(collection_id, held, version, limit)
+            if documents is None:
+                return None
+            return matrix.replaced(documents, self.storage.leaves(collection_id, documents))
+
+        return self._matrices.get(collection_id, version, lambda: self.storage.leaves(collection_id), update)
 
     def document_trees(self, collection_id: str, document_ids: list[str]) -> dict[str, DocumentTree]:
         """The stored trees (nodes in pre-order, leaf vectors in node order) of the given documents."""

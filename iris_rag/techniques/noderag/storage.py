@@ -13,6 +13,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from iris_rag.stores.appended import Column
+
 NodeKind = Literal["document", "section", "paragraph", "sentence"]
 Vectors = npt.NDArray[np.float32]
 
@@ -58,6 +60,44 @@ class LeafMatrix:
     node_ids: npt.NDArray[np.int64]
     parent_ids: npt.NDArray[np.int64]
     matrix: Vectors
+    # The storage `matrix` views, shared with the versions made from this one (appended.Column).
+    rows: Column | None = field(default=None, compare=False, repr=False)
+
+    def replaced(self, documents: set[str], fresh: LeafMatrix) -> LeafMatrix:
+        """A new version: the rows of `documents` dropped, `fresh` (those documents' leaves now) appended.
+
+        The rows stay in the order a fresh read gives (written order: a rewritten document's rows are new
+        rows). Without a row to drop, the newest version appends in place to the matrix it shares.
+        """
+        if not len(fresh.document_ids) and documents.isdisjoint(self.document_ids):
+            return self
+        if not len(self.document_ids):
+            return fresh
+        if documents.isdisjoint(self.document_ids):
+            kept, size = self, len(self.document_ids)
+            rows = self.rows if self.rows is not None else Column(self.matrix)
+        else:
+            keep = np.fromiter(
+                (d not in documents for d in self.document_ids), dtype=bool, count=len(self.document_ids)
+            )
+            kept = LeafMatrix(
+                [d for d, wanted in zip(self.document_ids, keep, strict=True) if wanted],
+                self.node_ids[keep],
+                self.parent_ids[keep],
+                self.matrix[keep],
+            )
+            size = len(kept.document_ids)
+            rows = Column(kept.matrix)
+        if not len(fresh.document_ids):
+            return kept
+        rows, matrix = rows.extended(size, fresh.matrix)
+        return LeafMatrix(
+            kept.document_ids + fresh.document_ids,
+            np.concatenate([kept.node_ids, fresh.node_ids]),
+            np.concatenate([kept.parent_ids, fresh.parent_ids]),
+            matrix,
+            rows,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +118,10 @@ class NodeTreeStorage(Protocol):
     def delete_document(self, collection_id: str, document_id: str) -> None:
         """Remove a document's tree, if it has one."""
 
-    def leaves(self, collection_id: str) -> LeafMatrix:
-        """Every leaf of the collection, in the order written (document by document, node order within).
+    def leaves(self, collection_id: str, document_ids: set[str] | None = None) -> LeafMatrix:
+        """Every leaf of the collection (or of these documents), in the order written.
 
-        An empty collection gives a 0 x 0 matrix.
+        The order written is document by document, node order within. No leaf gives a 0 x 0 matrix.
         """
 
     def document_trees(self, collection_id: str, document_ids: list[str]) -> dict[str, DocumentTree]:
