@@ -17,6 +17,7 @@ Retrieval, step by step:
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 import re
@@ -182,22 +183,39 @@ class FuzzyKeys:
 
     COLUMNS = 47  # the most common characters each get a count; the rest share one (the bound stays valid)
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, keys: list[str], column: dict[str, int] | None = None) -> None:
         self.keys = keys
         self.lengths = np.array([len(key) for key in keys], dtype=np.int64)
         # Every key's characters as code points, in one array; counted with bincount, no Python loop.
         codes = np.frombuffer("".join(keys).encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-        frequency = np.bincount(codes) if len(codes) else np.zeros(1, dtype=np.int64)
-        present = np.flatnonzero(frequency)
-        common = present[np.argsort(-frequency[present], kind="stable")][: self.COLUMNS]
-        column_of = np.full(len(frequency), self.COLUMNS, dtype=np.int64)
-        column_of[common] = np.arange(len(common))
-        self.column = {chr(int(code)): int(column_of[code]) for code in common}
+        if column is None:
+            frequency = np.bincount(codes) if len(codes) else np.zeros(1, dtype=np.int64)
+            present = np.flatnonzero(frequency)
+            common = present[np.argsort(-frequency[present], kind="stable")][: self.COLUMNS]
+            column = {chr(int(code)): place for place, code in enumerate(common)}
+        self.column = column
+        column_of = np.full(int(codes.max(initial=0)) + 1, self.COLUMNS, dtype=np.int64)
+        for char, place in column.items():
+            if ord(char) < len(column_of):
+                column_of[ord(char)] = place
         rows = np.repeat(np.arange(len(keys)), self.lengths)
         counts = np.bincount(column_of[codes] * len(keys) + rows, minlength=(self.COLUMNS + 1) * len(keys))
         # A column per character (a query touches only its own few); counts over 255 are clipped, which
         # is exact for a query key of at most 255 characters (longer ones are scored without the bound).
         self.counts = np.minimum(counts, 255).astype(np.uint8).reshape(self.COLUMNS + 1, len(keys))
+
+    def extended(self, keys: list[str]) -> FuzzyKeys:
+        """The bound over `keys`, which begin with this one's: only the new keys are counted.
+
+        They are counted in this one's character columns: the bound holds whichever characters get a
+        column of their own, so the matches stay those of a bound built over all the keys at once.
+        """
+        more = FuzzyKeys(keys[len(self.keys) :], self.column)
+        grown = copy.copy(self)
+        grown.keys = keys
+        grown.lengths = np.concatenate([self.lengths, more.lengths])
+        grown.counts = np.concatenate([self.counts, more.counts], axis=1)
+        return grown
 
     def extract(self, key: str, cutoff: float, limit: int) -> list[tuple[str, float, int]]:
         """process.extract(key, keys, scorer=fuzz.ratio, score_cutoff=cutoff, limit=limit), the same list."""
@@ -470,10 +488,15 @@ class GraphRagPipeline(Pipeline):
     def _fuzzy_keys(self, table: EntityTable) -> FuzzyKeys:
         """The table's FuzzyKeys, built once per entity table (a new data version loads a new table)."""
         kept = self._fuzzy
-        if kept is None or kept[0] is not table:
-            kept = (table, FuzzyKeys(table.keys))
-            self._fuzzy = kept
-        return kept[1]
+        if kept is not None and kept[0] is table:
+            return kept[1]
+        held = len(kept[0].keys) if kept is not None else -1
+        if kept is not None and len(table.keys) >= held and table.keys[:held] == kept[0].keys:
+            fuzzy = kept[1].extended(table.keys)  # a table brought up to date appends its new entities
+        else:
+            fuzzy = FuzzyKeys(table.keys)
+        self._fuzzy = (table, fuzzy)
+        return fuzzy
 
     def _encode(self, query: str, phrases: list[str]) -> tuple[Vector, npt.NDArray[np.float32]]:
         """The query's vector (as a query) and its phrases' (one batch), side by side on two threads.

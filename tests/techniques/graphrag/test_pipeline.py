@@ -509,14 +509,20 @@ def test_fuzzy_keys_find_what_rapidfuzz_finds_over_every_key() -> None:
     letters = "abcdefghijklmnopqrstuvwxyz0123456789- αβγé"
     keys = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 30))) for _ in range(3000)]
     keys += ["tumor necrosis factor", "tumour necrosis factor", "brca1", "brca2", "il-6", "il 6", "a" * 300]
-    fuzzy = FuzzyKeys(keys)
+    # Built over every key at once, and over a third first, then extended (a table brought up to date),
+    # whose character columns come from the first third only (new characters share the last column).
+    whole = FuzzyKeys(keys)
+    extended = FuzzyKeys(keys[:1000]).extended(keys[:2000]).extended([*keys, "ωωω-ünïcode"])
     queries = [*rng.sample(keys, 40), "tumor necrosis factr", "brca", "il6", "a" * 299, "αβγ", "zzzz"]
     queries += ["".join(rng.choice(letters) for _ in range(rng.randint(4, 20))) for _ in range(40)]
-    for query in queries:
-        for cutoff in (40.0, 70.0, 90.0):
-            expected = process.extract(query, keys, scorer=fuzz.ratio, score_cutoff=cutoff, limit=9)
-            assert fuzzy.extract(query, cutoff, 9) == [tuple(item) for item in expected], (query, cutoff)
+    queries += ["ωωω-ünicode", "ünïcodeω"]
+    for fuzzy, over in ((whole, keys), (extended, [*keys, "ωωω-ünïcode"])):
+        for query in queries:
+            for cutoff in (40.0, 70.0, 90.0):
+                expected = process.extract(query, over, scorer=fuzz.ratio, score_cutoff=cutoff, limit=9)
+                assert fuzzy.extract(query, cutoff, 9) == [tuple(item) for item in expected], (query, cutoff)
     assert FuzzyKeys([]).extract("brca1", 70.0, 9) == []
+    assert FuzzyKeys([]).extended(["brca1"]).extract("brca1", 70.0, 9) == [("brca1", 100.0, 0)]
 
 
 def test_walk_adds_each_relation_once_and_sums_an_edge_over_types() -> None:
