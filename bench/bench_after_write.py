@@ -3,9 +3,9 @@
 rag_crag (its evaluator's IDF, every call) and rag_hybrid_ifind with `enable_fuzzy_matching` read each
 collection's whole vocabulary (term -> chunks holding it) and keep it for a data version. This bench
 times, in process on an existing collection (generation off, top 5), rounds of: one new document
-ingested, then one call of each technique (the document deleted at the end), against the same calls
-warm (each after an untimed call of another claim, which takes the reloads that the index builds
-started by the last write cause), alternating; rag_hybrid_ifind without fuzzy matching, which reads no
+ingested, then at once one call of each technique (while the background index builds the ingest started
+run; the documents are deleted at the end), against the same calls warm (once those builds are done, each
+after an untimed call of another claim, which brings the caches up to date), alternating; rag_hybrid_ifind without fuzzy matching, which reads no
 vocabulary, is the control for what else a write costs the next call. Printed: p50 / p95 ms of each.
 
     RAG_DATA_DIR=data .venv/bin/python -m bench.bench_after_write --collection eval-scifact \
@@ -56,8 +56,10 @@ def measure(collection: str, dataset: Path, rounds: int, names: list[str]) -> di
     after: dict[str, list[float]] = {name: [] for name in names}
     added = []
     for number in range(rounds):
-        for name in names:  # an untimed call first (another claim: no result cache): it takes the reloads
-            # after the index builds that the last write started, which bump the data version again
+        # Warm: once the index builds the last write started are done (each bumps the data version), an
+        # untimed call first (another claim: no result cache), which brings the caches up to date.
+        service.wait_for_indexes(collection, quiet=True)
+        for name in names:
             _call(service, name, queries[2 * rounds + number], collection)
             warm[name].append(_call(service, name, queries[2 * number], collection))
         record = corpus[number]

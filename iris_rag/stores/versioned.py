@@ -1,18 +1,20 @@
 """Caches of a collection's derived state, keyed by the data version the database holds.
 
-Every process that opens the store keeps its own caches (vector matrix, NodeRAG leaves, graph entities,
-ColBERT IDF). They all follow one rule: a value is built for the collection's data version
-(DocumentStore.data_version, bumped by the database in every transaction that changes the collection's
-documents, whichever process commits it) and rebuilt on the first call that reads a newer version. The
-version is read BEFORE the build, so a value holds that version's data or newer, never older.
+Every process that opens the store keeps its own caches (vector matrix, keyword postings, NodeRAG leaves,
+graph entities, keyword vocabularies, ColBERT IDF). They all follow one rule: a value is built for the
+collection's data version (DocumentStore.data_version, bumped by the database in every transaction that
+changes the collection's documents, whichever process commits it) and rebuilt on the first call that reads a
+newer version. The version is read BEFORE the build, so a value holds that version's data or newer, never
+older.
 
 A cache may also bring a held value up to date instead of building it again (`update`): the SQLite vector
 matrix and keyword postings, NodeRAG's leaf matrix and GraphRAG's entity table read only the documents the
 store's change log (DocumentStore.changed_documents) names since the held version. The same rule holds: the
 update reads what changed after the held version, so the value it returns holds the asked version's data or
-newer. A store without a log (IRIS) names none, and the value is built again.
-The keyword vocabularies (retrieval/vocabulary.py) use `update` to keep a read while the collection stays
-within 1 % of it: statistics, for which a close version will do, and a full read costs a scan of the index.
+newer. A store without a log (IRIS) names none, and the value is built again. The keyword vocabularies
+(retrieval/vocabulary.py) and ColBERT's IDF use `update` to keep a read while the collection stays within 1 %
+of it: statistics, for which a close version will do (a full read of the vocabulary costs a scan of the
+index).
 """
 
 from __future__ import annotations

@@ -74,6 +74,30 @@ def test_rag_crag_reads_the_vocabulary_again_only_when_the_collection_moved(
     assert docs.count == 2, "eight more chunks (33 against 23) must read it again"
 
 
+def test_rag_colbert_reads_its_idf_again_only_when_its_token_index_moved(
+    service: RagService, docs: Reads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ColBERT's word-piece IDF follows the same rule, on the chunks its (background-built) index holds."""
+    rows = service.pipelines["colbert"].index.rows  # type: ignore[attr-defined]
+    reads: list[str] = []
+    read = rows.frequencies
+
+    def counted(collection_id: str) -> tuple[int, dict[int, int]]:
+        reads.append(collection_id)
+        return read(collection_id)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(rows, "frequencies", counted)
+    _call(service, "colbert", "Does aspirin lower heart attack risk?", {})
+    assert len(reads) == 1
+    for number in range(20, 22):
+        service.ingest({"collection_id": "docs", "documents": [_document(number)]})
+        _call(service, "colbert", "Does aspirin lower heart attack risk?", {})
+    assert len(reads) == 1, "a write of one chunk read the whole frequency table again"
+    service.ingest({"collection_id": "docs", "documents": [_document(n) for n in range(22, 30)]})
+    _call(service, "colbert", "Does aspirin lower heart attack risk?", {})
+    assert len(reads) == 2, "eight more chunks with token rows (33 against 23) must read it again"
+
+
 def test_fuzzy_repair_asks_the_current_vocabulary_before_calling_a_term_unknown(
     service: RagService, docs: Reads
 ) -> None:

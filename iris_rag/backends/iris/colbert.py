@@ -101,14 +101,18 @@ class IrisTokenVectors:
 
     def frequencies(self, collection_id: str) -> tuple[int, dict[int, int]]:
         """How many chunks have rows, and in how many of them each word piece occurs."""
-        total = self._store.rows(
-            f"SELECT COUNT(*) FROM {SCHEMA}.ColbertTokens WHERE collection_id = ?", (collection_id,)
-        )
         rows = self._store.rows(
             f"SELECT token_id, chunks FROM {SCHEMA}.ColbertFrequencies WHERE collection_id = ?",
             (collection_id,),
         )
-        return int(total[0][0]), {int(r[0]): int(r[1]) for r in rows}
+        return self.indexed_chunks(collection_id), {int(r[0]): int(r[1]) for r in rows}
+
+    def indexed_chunks(self, collection_id: str) -> int:
+        """The collection's rows."""
+        total = self._store.rows(
+            f"SELECT COUNT(*) FROM {SCHEMA}.ColbertTokens WHERE collection_id = ?", (collection_id,)
+        )
+        return int(total[0][0])
 
     def indexed_documents(self, collection_id: str) -> int:
         """Distinct documents with rows in the collection."""

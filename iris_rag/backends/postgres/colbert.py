@@ -96,14 +96,25 @@ class PostgresTokenVectors:
 
     def frequencies(self, collection_id: str) -> tuple[int, dict[int, int]]:
         """How many chunks have rows, and in how many of them each word piece occurs."""
-        connection = self._store.connection()
-        total = connection.execute(
-            "SELECT COUNT(*) AS n FROM colbert_token_vectors WHERE collection_id = %s", (collection_id,)
-        ).fetchone()
-        rows = connection.execute(
-            "SELECT token_id, chunks FROM colbert_token_df WHERE collection_id = %s", (collection_id,)
-        ).fetchall()
-        return int(total["n"]) if total else 0, {int(r["token_id"]): int(r["chunks"]) for r in rows}
+        rows = (
+            self._store.connection()
+            .execute(
+                "SELECT token_id, chunks FROM colbert_token_df WHERE collection_id = %s", (collection_id,)
+            )
+            .fetchall()
+        )
+        return self.indexed_chunks(collection_id), {int(r["token_id"]): int(r["chunks"]) for r in rows}
+
+    def indexed_chunks(self, collection_id: str) -> int:
+        """The collection's rows."""
+        row = (
+            self._store.connection()
+            .execute(
+                "SELECT COUNT(*) AS n FROM colbert_token_vectors WHERE collection_id = %s", (collection_id,)
+            )
+            .fetchone()
+        )
+        return int(row["n"]) if row else 0
 
     def indexed_documents(self, collection_id: str) -> int:
         """Distinct documents with rows in the collection."""

@@ -110,14 +110,21 @@ class SqliteTokenVectors:
 
     def frequencies(self, collection_id: str) -> tuple[int, dict[int, int]]:
         """How many chunks have rows, and in how many of them each word piece occurs."""
-        connection = self._store.connection()
-        total = connection.execute(
-            f"SELECT COUNT(*) FROM {TABLE} WHERE collection_id = ?", (collection_id,)
-        ).fetchone()[0]
-        rows = connection.execute(
-            f"SELECT token_id, chunks FROM {DF_TABLE} WHERE collection_id = ?", (collection_id,)
-        ).fetchall()
-        return int(total), {int(t): int(n) for t, n in rows}
+        rows = (
+            self._store.connection()
+            .execute(f"SELECT token_id, chunks FROM {DF_TABLE} WHERE collection_id = ?", (collection_id,))
+            .fetchall()
+        )
+        return self.indexed_chunks(collection_id), {int(t): int(n) for t, n in rows}
+
+    def indexed_chunks(self, collection_id: str) -> int:
+        """The collection's rows, counted in the document index."""
+        row = (
+            self._store.connection()
+            .execute(f"SELECT COUNT(*) FROM {TABLE} WHERE collection_id = ?", (collection_id,))
+            .fetchone()
+        )
+        return int(row[0])
 
     def indexed_documents(self, collection_id: str) -> int:
         """Distinct documents with rows in the collection."""

@@ -474,6 +474,10 @@ class TokenVectorIndex:
         """How many chunks have token rows, and in how many of them each word piece occurs."""
         return self.rows.frequencies(collection_id)
 
+    def indexed_chunks(self, collection_id: str) -> int:
+        """How many chunks have token rows."""
+        return self.rows.indexed_chunks(collection_id)
+
 
 def _given_tokens(tokens: Any) -> TokenVectors | None:
     """The token vectors the ingest's shared pass gave a chunk (ChunkInput.tokens), if any."""

@@ -10,6 +10,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
+from iris_rag.retrieval import vocabulary
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
@@ -102,6 +103,16 @@ class _Candidate:
     fused: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Idf:
+    """A collection's word-piece IDF, with what it was read from."""
+
+    idf: npt.NDArray[np.float32]
+    chunks: int  # chunks with token rows
+    version: int
+    created_at: str
+
+
 class ColbertPipeline(Pipeline):
     """Dense search proposes candidates; token-level late interaction re-scores them."""
 
@@ -113,8 +124,8 @@ class ColbertPipeline(Pipeline):
         super().__init__(context)
         self.encoder = TokenEncoder(context.embedder)
         self.index = TokenVectorIndex(self.encoder, context.store)
-        # Per collection: the IDF of every word-piece id, reloaded when the data version moves on.
-        self._idf: VersionedCache[npt.NDArray[np.float32]] = VersionedCache()
+        # Per collection: the IDF of every word-piece id, read again once the index moved away from it.
+        self._idf: VersionedCache[_Idf] = VersionedCache()
 
     def technique_index(self) -> TechniqueIndex:
         """Token vectors, built at ingest."""
@@ -234,18 +245,38 @@ class ColbertPipeline(Pipeline):
         }
 
     def _collection_idf(self, collection: CollectionInfo) -> npt.NDArray[np.float32]:
-        """IDF of every word piece over the collection's chunks, from the index's frequency table."""
+        """IDF of every word piece over the collection's chunks, from the index's frequency table.
 
-        def build() -> npt.NDArray[np.float32]:
+        Statistics, as the keyword vocabulary's (retrieval/vocabulary.py): a table read is kept while the
+        chunks with token rows stay within its STALE_SHARE of the read's count, for fewer than its
+        MAX_VERSIONS writes, in the same collection. The count is the index's own, not the collection's:
+        the token rows are built in the background, and an IDF read from a half-built index is read again
+        as it fills.
+        """
+
+        def build() -> _Idf:
             total, frequencies = self.index.frequencies(collection.id)
             counts = np.zeros(self.encoder.vocabulary_size, dtype=np.float64)
             for token, chunks in frequencies.items():
                 if token < counts.shape[0]:
                     counts[token] = chunks
-            idf: npt.NDArray[np.float32] = np.log((total + 1) / (counts + 1)).astype(np.float32)
-            return idf
+            idf = np.log((total + 1) / (counts + 1)).astype(np.float32)
+            return _Idf(idf, total, collection.version, collection.created_at)
 
-        return self._idf.get(collection.id, collection.version, build)
+        def update(_: int, held: _Idf) -> _Idf | None:
+            if (
+                held.created_at != collection.created_at
+                or collection.version - held.version >= vocabulary.MAX_VERSIONS
+            ):
+                return None
+            return (
+                held
+                if abs(self.index.indexed_chunks(collection.id) - held.chunks)
+                <= vocabulary.STALE_SHARE * held.chunks
+                else None
+            )
+
+        return self._idf.get(collection.id, collection.version, build, update).idf
 
 
 def _select_tokens(candidate: _Candidate, ratio: float, idf: npt.NDArray[np.float32]) -> None:

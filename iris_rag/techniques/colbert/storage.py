@@ -55,6 +55,9 @@ class TokenVectorStorage(Protocol):
     def frequencies(self, collection_id: str) -> tuple[int, dict[int, int]]:
         """How many chunks have rows, and in how many of them each word piece occurs."""
 
+    def indexed_chunks(self, collection_id: str) -> int:
+        """How many chunks have rows (one cheap count)."""
+
     def indexed_documents(self, collection_id: str) -> int:
         """Distinct documents with rows in the collection."""
 
