@@ -96,6 +96,34 @@ def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str) -> None:
         upgraded.close()
 
 
+def test_a_database_from_before_the_change_log_reloads_then_logs(postgres_url: str) -> None:
+    """Migration 14: versions moved before it have no log rows, so a reader loads whole; later ones log."""
+    rng = np.random.default_rng(5)
+    current = PostgresStore(postgres_url)
+    current.upsert_documents("c", [_document("a", "", ["one"], rng)], new_collection=_new())
+    current.close()
+    with psycopg.connect(postgres_url, autocommit=True) as connection:  # undo migration 14, data kept
+        connection.execute("DROP TABLE collection_changes")
+        connection.execute(
+            """CREATE OR REPLACE FUNCTION bump_collection_versions() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO collection_versions AS v SELECT DISTINCT collection_id, 1 FROM changed_rows
+                ON CONFLICT (collection_id) DO UPDATE SET version = v.version + 1;
+                RETURN NULL;
+            END $$"""
+        )
+        connection.execute("DELETE FROM schema_migrations WHERE version = 14")
+    old = PostgresStore(postgres_url)  # migrates again
+    try:
+        held = old.data_version("c")
+        old.upsert_documents("c", [_document("b", "", ["two"], rng)])
+        now = old.data_version("c")
+        assert old.changed_documents("c", 0, now, 10) is None, "versions before the log: a gap"
+        assert old.changed_documents("c", held, now, 10) == {"b"}
+    finally:
+        old.close()
+
+
 def test_concurrent_first_starts_do_not_race(postgres_url: str) -> None:
     errors: list[BaseException] = []
 
