@@ -1,12 +1,13 @@
 """The first call after a write, for the techniques that read the keyword index's vocabulary.
 
 rag_crag (its evaluator's IDF, every call) and rag_hybrid_ifind with `enable_fuzzy_matching` read each
-collection's whole vocabulary (term -> chunks holding it) and keep it for a data version. This bench
-times, in process on an existing collection (generation off, top 5), rounds of: one new document
-ingested, then at once one call of each technique (while the background index builds the ingest started
-run; the documents are deleted at the end), against the same calls warm (once those builds are done, each
-after an untimed call of another claim, which brings the caches up to date), alternating; rag_hybrid_ifind without fuzzy matching, which reads no
-vocabulary, is the control for what else a write costs the next call. Printed: p50 / p95 ms of each.
+collection's whole vocabulary (term -> chunks holding it) and keep it for a data version. This bench times, in
+process on an existing collection (generation off, top 5), rounds of: one new document ingested, then at once
+one call of each technique (while the background index builds the ingest started run; the documents are
+deleted at the end), against the same calls warm (once those builds are done, each after an untimed call of
+another claim, which brings the caches up to date), alternating; rag_hybrid_ifind without fuzzy matching,
+which reads no vocabulary, is the control for what else a write costs the next call. Printed: p50 / p95 ms of
+each.
 
     RAG_DATA_DIR=data .venv/bin/python -m bench.bench_after_write --collection eval-scifact \
         --dataset ../shared/data/scifact [--rounds 20] [--calls all] [--json FILE]

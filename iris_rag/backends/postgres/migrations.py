@@ -375,18 +375,24 @@ CREATE TABLE collection_changes (
     PRIMARY KEY (collection_id, version, document_id)
 );
 CREATE OR REPLACE FUNCTION bump_collection_versions() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    bumped RECORD;
 BEGIN
-    WITH bumped AS (
+    FOR bumped IN
         INSERT INTO collection_versions AS v
         SELECT DISTINCT collection_id, 1 FROM changed_rows
         ON CONFLICT (collection_id) DO UPDATE SET version = v.version + 1
         RETURNING v.collection_id, v.version
-    )
-    INSERT INTO collection_changes
-    SELECT DISTINCT b.collection_id, b.version, c.id FROM bumped b JOIN changed_rows c USING (collection_id);
-    DELETE FROM collection_changes g USING collection_versions v
-    WHERE v.collection_id IN (SELECT DISTINCT collection_id FROM changed_rows)
-      AND g.collection_id = v.collection_id AND g.version <= v.version - {CHANGE_LOG_VERSIONS};
+    LOOP
+        INSERT INTO collection_changes
+        SELECT DISTINCT bumped.collection_id, bumped.version, c.id FROM changed_rows c
+        WHERE c.collection_id = bumped.collection_id;
+        -- Pruned every 1,000 versions, by the primary key's range: a write pays nothing for it.
+        IF bumped.version % 1000 = 0 THEN
+            DELETE FROM collection_changes
+            WHERE collection_id = bumped.collection_id AND version <= bumped.version - {CHANGE_LOG_VERSIONS};
+        END IF;
+    END LOOP;
     RETURN NULL;
 END $$;
 """,

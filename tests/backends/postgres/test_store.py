@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from iris_rag.backends.common.bm25 import tokens
-from iris_rag.backends.postgres.migrations import MIGRATIONS, migrate
+from iris_rag.backends.postgres.migrations import CHANGE_LOG_VERSIONS, MIGRATIONS, migrate
 from iris_rag.backends.postgres.store import PostgresStore, ef_search
 from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.embedder import Embedder
@@ -122,6 +122,30 @@ def test_a_database_from_before_the_change_log_reloads_then_logs(postgres_url: s
         assert old.changed_documents("c", held, now, 10) == {"b"}
     finally:
         old.close()
+
+
+def test_the_change_log_keeps_the_last_versions(postgres_url: str) -> None:
+    """The trigger prunes every 1,000 versions to the last CHANGE_LOG_VERSIONS (the branch runs only then)."""
+    PostgresStore(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        connection.execute("INSERT INTO collections VALUES ('c', 'm', 4, 'x', 'x')")
+        for number in range(CHANGE_LOG_VERSIONS + 1000):  # one version per statement
+            connection.execute(
+                "INSERT INTO documents (collection_id, id, title, content, metadata, created_at, updated_at) "
+                "VALUES ('c', %s, '', 'text', '{}', 'x', 'x')",
+                (f"d{number}",),
+            )
+        row = connection.execute(
+            "SELECT MIN(version), MAX(version), COUNT(*) FROM collection_changes WHERE collection_id = 'c'"
+        ).fetchone()
+    assert row == (1001, CHANGE_LOG_VERSIONS + 1000, CHANGE_LOG_VERSIONS)
+    store = PostgresStore(postgres_url)
+    try:
+        last = CHANGE_LOG_VERSIONS + 1000
+        assert store.changed_documents("c", 999, last, 10**6) is None, "pruned: a gap"
+        assert store.changed_documents("c", last - 2, last, 10) == {f"d{last - 2}", f"d{last - 1}"}
+    finally:
+        store.close()
 
 
 def test_concurrent_first_starts_do_not_race(postgres_url: str) -> None:
