@@ -27,7 +27,7 @@ import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -425,6 +425,8 @@ class KnowledgeGraphIndex:
             graphed = documents & indexed  # the others have no graph yet (an ingest before its build)
             stored = self.graph.entities(collection_id, table.min_documents, graphed) if graphed else []
             aliases = self.graph.entity_aliases(collection_id, graphed) if graphed else []
+        if not graphed:  # nothing to read: the same rows, under the new version
+            return replace(table, documents=len(indexed), indexed=indexed, version=version)
         new = [entity for entity in stored if entity.row.id not in table.row_of_id]
         if (new and table.rows and new[0].row.id < table.rows[-1].id) or _min_documents(
             len(table.rows) + len(new)
