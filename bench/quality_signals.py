@@ -258,6 +258,7 @@ class Variants:
 
     def __init__(self, signals: Signals, bm25: Bm25) -> None:
         self.signals, self.bm25 = signals, bm25
+        self._centred: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None
 
     def sentences(self, query: Query) -> Floats:
         """Each chunk's best sentence cosine."""
@@ -317,6 +318,26 @@ class Variants:
         near = self.bm25.pair_scores(query.text, 8, ordered=False)
         return self.with_keyword(query, query.keyword + 0.1 * pairs + 0.05 * near)
 
+    def centred(self, query: Query, *, fused: bool) -> tuple[Rows, Floats]:
+        """The dense leg over mean-centred vectors, alone or fused.
+
+        The collection's mean chunk vector is taken from the query and every chunk, each then made unit
+        length again: the anisotropy correction of Mu and Viswanath (2018).
+        """
+        if self._centred is None:
+            mean = self.signals.chunk_vectors.mean(axis=0)
+            centred = self.signals.chunk_vectors - mean
+            self._centred = (mean, centred / np.linalg.norm(centred, axis=1, keepdims=True))
+        mean, chunks = self._centred
+        vector = query.vector - mean
+        dense = (chunks @ (vector / np.linalg.norm(vector))).astype(np.float64)
+        top = _top(dense, POOL, positive=False)
+        if not fused:
+            return top, dense[top]
+        candidates = np.union1d(top, query.keyword_top)
+        moved = Query(query.text, query.vector, dense, query.keyword, candidates, top, query.keyword_top)
+        return candidates, self.today(moved)
+
     def all(self) -> dict[str, Variant]:
         s, k = self, self.bm25
         three: dict[str, Variant] = {
@@ -360,6 +381,8 @@ class Variants:
             "score regularization: 0.2 towards the 5 nearest candidates": lambda q: s.smoothed(q, 0.2, 5),
             "score regularization: 0.3 towards the 10 nearest candidates": lambda q: s.smoothed(q, 0.3, 10),
             "legs weighted by their top's sharpness": lambda q: s.gap_weighted(q, 1.0),
+            "dense alone, mean-centred vectors": partial(s.centred, fused=False),
+            "today with the dense leg over mean-centred vectors": partial(s.centred, fused=True),
             "CombMNZ (today x legs that returned it)": lambda q: (
                 s.today(q)
                 * (np.isin(q.candidates, q.dense_top).astype(float) + np.isin(q.candidates, q.keyword_top))
