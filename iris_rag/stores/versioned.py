@@ -11,10 +11,10 @@ A cache may also bring a held value up to date instead of building it again (`up
 matrix and keyword postings, NodeRAG's leaf matrix and GraphRAG's entity table read only the documents the
 store's change log (DocumentStore.changed_documents) names since the held version. The same rule holds: the
 update reads what changed after the held version, so the value it returns holds the asked version's data or
-newer. A store without a log (IRIS) names none, and the value is built again. The keyword vocabularies
-(retrieval/vocabulary.py) and ColBERT's IDF use `update` to keep a read while the collection stays within 1 %
-of it: statistics, for which a close version will do (a full read of the vocabulary costs a scan of the
-index).
+newer. Where the log cannot tell (a gap, too many documents), the value is built again. The keyword
+vocabularies (retrieval/vocabulary.py) and ColBERT's IDF use `update` to keep a read while the collection
+stays within 1 % of it: statistics, for which a close version will do (a full read of the vocabulary costs a
+scan of the index).
 """
 
 from __future__ import annotations

@@ -195,6 +195,24 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        4,
+        "each data version logs the documents it changed",
+        # As SQLite's collection_changes and PostgreSQL's migration 14: a process holding derived state of
+        # version v (NodeRAG's leaf matrix) reads only the documents changed since. Versions moved before
+        # this step have no rows: a reader sees the gap and loads whole.
+        [
+            f"""CREATE TABLE {SCHEMA}.Changes (
+    collection_id VARCHAR(512) NOT NULL,
+    data_version  BIGINT NOT NULL,
+    document_id   VARCHAR(1024) NOT NULL,
+    PRIMARY KEY (collection_id, data_version, document_id)
+)""",
+        ],
+    )
+)
+
 MIGRATIONS_TABLE_DDL = f"""CREATE TABLE {SCHEMA}.Migrations (
     step        INTEGER NOT NULL PRIMARY KEY,
     description VARCHAR(1000) NOT NULL,

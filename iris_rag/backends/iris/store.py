@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -58,6 +58,8 @@ from iris_rag.stores.versioned import VersionedCache
 from iris_rag.text import chunk_id
 
 logger = logging.getLogger(__name__)
+# Versions of change log kept per collection (the Changes table): a process further behind reloads whole.
+CHANGE_LOG_VERSIONS = 10_000
 
 T = TypeVar("T")
 
@@ -356,7 +358,11 @@ class IrisStore:
         )
         return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
-    def _bump_version(self, collection_id: str) -> None:
+    def _bump_version(self, collection_id: str, document_ids: Iterable[str]) -> None:
+        """Move the data version on and log the documents it changed, in the write's transaction.
+
+        The last CHANGE_LOG_VERSIONS versions' rows are kept (pruned every 1,000 versions).
+        """
         updated = self.execute(
             f"UPDATE {SCHEMA}.Versions SET data_version = data_version + 1 WHERE collection_id = ?",
             (collection_id,),
@@ -364,6 +370,16 @@ class IrisStore:
         if not updated:
             self.execute(
                 f"INSERT INTO {SCHEMA}.Versions (collection_id, data_version) VALUES (?, 1)", (collection_id,)
+            )
+        version = self.data_version(collection_id)
+        self.executemany(
+            f"INSERT INTO {SCHEMA}.Changes (collection_id, data_version, document_id) VALUES (?, ?, ?)",
+            [(collection_id, version, document_id) for document_id in sorted(set(document_ids))],
+        )
+        if version % 1000 == 0:
+            self.execute(
+                f"DELETE FROM {SCHEMA}.Changes WHERE collection_id = ? AND data_version <= ?",
+                (collection_id, version - CHANGE_LOG_VERSIONS),
             )
 
     def upsert_documents(
@@ -421,7 +437,7 @@ class IrisStore:
                 if prepared is not None and index.name in prepared:
                     index.write(collection_id, documents, prepared[index.name])
             if documents:
-                self._bump_version(collection_id)
+                self._bump_version(collection_id, [document.id for document in documents])
             check_cancelled()
         self._vectors.discard(collection_id)
         return written
@@ -546,7 +562,7 @@ class IrisStore:
                 return False
             deleted = self._delete_document_rows(collection_id, document_id, locked[0])
             if deleted:
-                self._bump_version(collection_id)
+                self._bump_version(collection_id, [document_id])
         self._vectors.discard(collection_id)
         return deleted > 0
 
@@ -561,7 +577,7 @@ class IrisStore:
             self._lock_collection(collection_id)
             yield
             if document_ids:
-                self._bump_version(collection_id)
+                self._bump_version(collection_id, document_ids)
 
     def delete_collection(self, collection_id: str) -> int | None:
         """Each document through the technique indexes, then every row of the collection."""
@@ -582,7 +598,9 @@ class IrisStore:
             self.execute(f"DELETE FROM {SCHEMA}.Documents WHERE collection_id = ?", (collection_id,))
             self.execute(f"DELETE FROM {SCHEMA}.Collections WHERE id = ?", (collection_id,))
             if document_ids:
-                self._bump_version(collection_id)
+                self._bump_version(collection_id, document_ids)
+            # Its version stays (versions never repeat); its log goes, so any older cached state reloads.
+            self.execute(f"DELETE FROM {SCHEMA}.Changes WHERE collection_id = ?", (collection_id,))
         self._vectors.discard(collection_id)
         return len(document_ids)
 
@@ -658,8 +676,16 @@ class IrisStore:
         return int(rows[0][0]) if rows else 0
 
     def changed_documents(self, collection_id: str, since: int, through: int, limit: int) -> set[str] | None:
-        """Always None: this backend keeps no change log, so derived state reloads after a write."""
-        return None
+        """From the Changes table, which every version bump writes (None: a gap, or over `limit`)."""
+        rows = self.rows(
+            f"SELECT data_version, document_id FROM {SCHEMA}.Changes "
+            "WHERE collection_id = ? AND data_version > ?",
+            (collection_id, since),
+        )
+        if len({int(row[0]) for row in rows if int(row[0]) <= through}) != through - since:
+            return None
+        documents = {str(row[1]) for row in rows}
+        return documents if len(documents) <= limit else None
 
     def read_snapshot(self) -> AbstractContextManager[None]:
         """No snapshot: each query reads the committed rows (rag_noderag reads its leaves in one query)."""
