@@ -241,6 +241,12 @@ class PostgresKnowledgeGraph:
         )[0]
         return dict(zip(("documents", "entities", "mentions", "relations"), map(int, row), strict=True))
 
+    def entity_count(self, collection_id: str) -> int:
+        """The collection's entity rows."""
+        return int(
+            self._rows("SELECT COUNT(*) FROM kg_entities WHERE collection_id = %s", (collection_id,))[0][0]
+        )
+
     def indexed_documents(self, collection_id: str) -> int:
         """How many documents the graph covers."""
         return int(

@@ -369,6 +369,15 @@ class SqliteKnowledgeGraph:
             for name, table in tables
         }
 
+    def entity_count(self, collection_id: str) -> int:
+        """The collection's entity rows, counted in the (collection_id, key) index."""
+        row = (
+            self._store.connection()
+            .execute("SELECT COUNT(*) FROM kg_entities WHERE collection_id = ?", (collection_id,))
+            .fetchone()
+        )
+        return int(row[0])
+
     def indexed_documents(self, collection_id: str) -> int:
         """How many documents the graph covers."""
         row = (
@@ -396,15 +405,22 @@ class SqliteKnowledgeGraph:
             "CASE WHEN document_count >= ? THEN embedding END, document_count >= ? "
             "FROM kg_entities WHERE collection_id = ?"
         )
-        connection = self._store.connection()
+        cursor = self._store.connection().cursor()
+        cursor.row_factory = None  # plain tuples: a graph has hundreds of thousands of entities
         if mentioned_by is None:
-            rows = connection.execute(
-                f"{query} ORDER BY id", (min_documents, min_documents, collection_id)
+            # Holding a quarter of the table or more (ids never repeat: the largest bounds the rows), one
+            # scan in id order beats a row lookup per entity through the (collection_id, key) index and a
+            # sort: 180 against 320 ms for 102K entities. `+` keeps the planner off that index.
+            largest = cursor.execute("SELECT MAX(id) FROM kg_entities").fetchone()[0] or 0
+            column = "+collection_id" if 4 * self.entity_count(collection_id) >= largest else "collection_id"
+            rows = cursor.execute(
+                f"{query.replace('collection_id = ?', f'{column} = ?')} ORDER BY id",
+                (min_documents, min_documents, collection_id),
             ).fetchall()
         else:
             found: dict[int, Any] = {}
             for batch in _batches(sorted(mentioned_by)):
-                for row in connection.execute(
+                for row in cursor.execute(
                     f"""{query} AND id IN (SELECT entity_id FROM kg_mentions WHERE collection_id = ?
                         AND document_id IN ({",".join("?" * len(batch))}))""",
                     (min_documents, min_documents, collection_id, collection_id, *batch),

@@ -334,7 +334,7 @@ class KnowledgeGraphIndex:
         return self._components.get(collection_id, version, lambda: self._largest_component(collection_id))
 
     def _largest_component(self, collection_id: str) -> int:
-        entities = self.graph.counts(collection_id)["entities"]
+        entities = self.graph.entity_count(collection_id)
         return largest_component(self.graph.relation_ends(collection_id), entities)
 
     def drop_collection(self, collection_id: str) -> None:
@@ -384,7 +384,7 @@ class KnowledgeGraphIndex:
         with self.store.read_snapshot():  # the documents covered and the counts they add up to agree
             version = self.store.data_version(collection_id)
             indexed = frozenset(self.graph.indexed_document_ids(collection_id))
-            min_documents = _min_documents(self.graph.counts(collection_id)["entities"])
+            min_documents = _min_documents(self.graph.entity_count(collection_id))
             stored = self.graph.entities(collection_id, min_documents)
             aliases: dict[str, list[int]] = defaultdict(list)
             for alias, entity_id in self.graph.entity_aliases(collection_id):

@@ -190,6 +190,9 @@ class KnowledgeGraphStorage(Protocol):
     def counts(self, collection_id: str) -> dict[str, int]:
         """documents, entities, mentions and relations of the collection's graph."""
 
+    def entity_count(self, collection_id: str) -> int:
+        """The collection's entities (one count: counts() also counts every mention and relation)."""
+
     def indexed_documents(self, collection_id: str) -> int:
         """How many documents the graph covers."""
 

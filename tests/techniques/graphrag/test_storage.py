@@ -104,3 +104,24 @@ def test_whole_graph_reads_and_collections_stay_apart(store: DocumentStore) -> N
     assert graph.counts("other") == {"documents": 1, "entities": 2, "mentions": 2, "relations": 1}
     assert graph.entity_aliases("other") == [("X", other["alpha"])]
     assert {m.document_id for m in graph.mentions_of([other["alpha"]])} == {"d1"}
+
+
+def test_entity_reads_by_collection_and_by_document(store: DocumentStore) -> None:
+    """A collection's entities in id order whatever its share of the table (SQLite scans the table when it
+    holds most of it, and goes through the index when it is small); those some documents mention."""
+    graph = store.technique_storage(KnowledgeGraphStorage)
+    small = _document(graph, "s1", ["alpha", "beta"], collection_id="small")
+    big: dict[str, int] = {}
+    for number in range(6):
+        big |= _document(graph, f"b{number}", [f"k{number}a", f"k{number}b", "shared"], collection_id="big")
+    small |= _document(graph, "s2", ["beta", "delta"], collection_id="small")
+    assert graph.entity_count("big") == 13 and graph.entity_count("small") == 3
+    for collection, ids in (("big", big), ("small", small)):
+        read = graph.entities(collection, 2)
+        assert [e.row.id for e in read] == sorted(ids.values())
+        assert {e.row.key for e in read if e.wanted} == ({"shared"} if collection == "big" else {"beta"})
+        assert all(e.vector is None for e in read), "no vector stored yet"
+    mentioned = graph.entities("small", 1, {"s2"})
+    assert [e.row.key for e in mentioned] == ["beta", "delta"]
+    assert mentioned[0].row.document_count == 2
+    assert graph.entity_aliases("big", {"b2"}) == [("X", big["k2a"])]
