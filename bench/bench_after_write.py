@@ -12,13 +12,15 @@ each.
     RAG_DATA_DIR=data .venv/bin/python -m bench.bench_after_write --collection eval-scifact \
         --dataset ../shared/data/scifact [--rounds 20] [--calls all] [--json FILE]
 
-With `--calls all` (and RAG_TECHNIQUES naming them), rag_noderag, rag_graphrag and rag_colbert too.
+With `--calls all` (and RAG_TECHNIQUES naming them), rag_noderag, rag_graphrag and rag_colbert too, and
+rag_health_check with its details.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,15 @@ MORE: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+# --calls all: the health check with its details too (index statistics, the graph's largest component).
+HEALTH = "rag_health_check, include_details"
+
+
 def _call(service: RagService, name: str, query: str, collection: str) -> float:
+    if name == HEALTH:
+        start = time.perf_counter()
+        service.health_check({"include_details": True})
+        return 1000 * (time.perf_counter() - start)
     technique, params = {**CALLS, **MORE}[name]
     return call(service, technique, query, collection, params=params)
 
@@ -93,7 +103,7 @@ def main() -> None:
     parser.add_argument("--calls", choices=["vocabulary", "all"], default="vocabulary")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    names = list(CALLS) + (list(MORE) if args.calls == "all" else [])
+    names = list(CALLS) + ([*MORE, HEALTH] if args.calls == "all" else [])
     report = measure(args.collection, args.dataset, args.rounds, names)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -472,15 +472,13 @@ class SqliteKnowledgeGraph:
         return [GraphDocument(row[0], row[1], int(row[2]), int(row[3]), row[4]) for row in rows]
 
     def relation_ends(self, collection_id: str) -> list[tuple[int, int]]:
-        """(source id, target id) of every relation."""
-        rows = (
-            self._store.connection()
-            .execute(
-                "SELECT source_id, target_id FROM kg_relations WHERE collection_id = ?", (collection_id,)
-            )
-            .fetchall()
-        )
-        return [(int(row[0]), int(row[1])) for row in rows]
+        """(source id, target id) of every relation, as plain tuples (hundreds of thousands of them)."""
+        cursor = self._store.connection().cursor()
+        cursor.row_factory = None
+        rows: list[tuple[int, int]] = cursor.execute(
+            "SELECT source_id, target_id FROM kg_relations WHERE collection_id = ?", (collection_id,)
+        ).fetchall()
+        return rows
 
     def relations_of(self, collection_id: str, entity_ids: list[int]) -> list[RelationRow]:
         """Every relation with one of the entities at either end."""

@@ -33,9 +33,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.encoder import TextEncoder
+from iris_rag.retrieval import vocabulary
 from iris_rag.settings import Settings
 from iris_rag.stores.appended import Column
 from iris_rag.stores.base import DocumentInput, DocumentStore
@@ -143,6 +146,15 @@ class EntityTable:
         return specificity(row.document_count, self.documents)
 
 
+@dataclass(frozen=True, slots=True)
+class _Component:
+    """The largest connected component's size, with the relation count and data version it was computed at."""
+
+    size: int
+    relations: int
+    version: int
+
+
 def specificity(document_count: int, documents: int) -> float:
     """log((N + 1) / (df + 0.5)) / log(N + 2), clipped to [0, 1]: near 1 when rare, 0 when everywhere."""
     if documents <= 0:
@@ -166,7 +178,7 @@ class KnowledgeGraphIndex:
             LlmExtractor(ChatClient(settings)) if settings.llm_provider == "openai" else None
         )
         self._tables: VersionedCache[EntityTable] = VersionedCache()
-        self._components: VersionedCache[int] = VersionedCache()
+        self._components: VersionedCache[_Component] = VersionedCache()
 
     @property
     def extractor_name(self) -> str:
@@ -323,19 +335,32 @@ class KnowledgeGraphIndex:
             collections[collection_id] = {
                 "extractor": record.extractor,
                 **({"llm_model": record.llm_model} if record.llm_model else {}),
-                **self.graph.counts(collection_id),
-                "largest_component": self.largest_component(collection_id, record.version),
+                **(counts := self.graph.counts(collection_id)),
+                "largest_component": self.largest_component(
+                    collection_id, record.version, counts["relations"]
+                ),
                 "extractors": self.extractor_counts(collection_id),
             }
         return {"collections": collections}
 
-    def largest_component(self, collection_id: str, version: int) -> int:
-        """Entities in the largest connected component (union-find; once per data version)."""
-        return self._components.get(collection_id, version, lambda: self._largest_component(collection_id))
+    def largest_component(self, collection_id: str, version: int, relations: int) -> int:
+        """Entities in the largest connected component of the graph of this data version and `relations`.
 
-    def _largest_component(self, collection_id: str) -> int:
-        entities = self.graph.entity_count(collection_id)
-        return largest_component(self.graph.relation_ends(collection_id), entities)
+        A statistic for health details, computed over every relation (about 0.4 s at SciFact's 700K): kept,
+        as the keyword vocabulary is (retrieval/vocabulary.py), while the relations stay within its
+        STALE_SHARE of the count it was computed at, for fewer than its MAX_VERSIONS writes.
+        """
+
+        def build() -> _Component:
+            entities = self.graph.entity_count(collection_id)
+            size = largest_component(self.graph.relation_ends(collection_id), entities)
+            return _Component(size, relations, version)
+
+        def update(_: int, held: _Component) -> _Component | None:
+            close = abs(relations - held.relations) <= vocabulary.STALE_SHARE * held.relations
+            return held if close and version - held.version < vocabulary.MAX_VERSIONS else None
+
+        return self._components.get(collection_id, version, build, update).size
 
     def drop_collection(self, collection_id: str) -> None:
         """The collection is going: its whole graph and record go too (CollectionState)."""
@@ -532,23 +557,17 @@ class KnowledgeGraphIndex:
 
 
 def largest_component(edges: list[tuple[int, int]], entities: int) -> int:
-    """Entities in the largest connected component of a graph's edges (union-find)."""
-    parent: dict[int, int] = {}
+    """Entities in the largest connected component of a graph's edges (an entity without any: 1).
 
-    def find(x: int) -> int:
-        root = parent.setdefault(x, x)
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
-
-    for source, target in edges:
-        a, b = find(source), find(target)
-        if a != b:
-            parent[a] = b
-    sizes = Counter(find(x) for x in list(parent))
-    return max(sizes.values(), default=1 if entities else 0)
+    scipy's connected components, in C: a union-find in Python took 0.7 s over SciFact's 700K relations.
+    """
+    if not edges:
+        return 1 if entities else 0
+    ids, ends = np.unique(np.asarray(edges, dtype=np.int64), return_inverse=True)
+    ends = ends.reshape(-1, 2)
+    graph = coo_matrix((np.ones(len(ends), dtype=np.int8), (ends[:, 0], ends[:, 1])), shape=(len(ids),) * 2)
+    _, labels = connected_components(graph, directed=False)
+    return int(np.bincount(labels).max())
 
 
 def _unit_chunks(units: list[Unit], document: DocumentInput) -> list[int]:

@@ -23,6 +23,7 @@ from iris_rag.techniques.graphrag.extraction import (
     is_gene_like,
     parse_llm_graph,
 )
+from iris_rag.techniques.graphrag.index import KnowledgeGraphIndex
 from iris_rag.techniques.graphrag.storage import KnowledgeGraphStorage
 from tests.fake_openai import FakeOpenAIServer
 
@@ -254,6 +255,31 @@ def test_graph_statistics_in_health_details(service: RagService) -> None:
     assert stats["largest_component"] == max(len(c) for c in nx.connected_components(graph))
     assert stats["largest_component"] < stats["entities"], "Iceland's sentence is its own component"
     assert stats["extractor"] == "rules" and stats["extractors"] == {"rules": 3}
+
+
+def test_the_largest_component_is_computed_again_only_when_the_relations_moved(
+    service: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Health details read every relation for it: after a write that barely moves the graph, they do not."""
+    service.ingest({"collection_id": "kg", "documents": DOCS})
+    index = service.pipelines["graphrag"].technique_index()
+    assert isinstance(index, KnowledgeGraphIndex)
+    reads: list[str] = []
+    read = index.graph.relation_ends
+
+    def counted(collection_id: str) -> list[tuple[int, int]]:
+        reads.append(collection_id)
+        return read(collection_id)
+
+    monkeypatch.setattr(index.graph, "relation_ends", counted)
+    version = service.store.data_version("kg")
+    size = index.largest_component("kg", version, 1000)
+    assert size > 1 and len(reads) == 1
+    assert index.largest_component("kg", version + 1, 1010) == size and len(reads) == 1, "within 1 %: kept"
+    index.largest_component("kg", version + 2, 1011)
+    assert len(reads) == 2, "past 1 % of the count it was computed at"
+    index.largest_component("kg", version + 2 + 64, 1011)
+    assert len(reads) == 3, "64 writes later"
 
 
 def test_a_collection_ingested_before_the_graph_needs_a_reindex(
