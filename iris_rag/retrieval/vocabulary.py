@@ -25,6 +25,15 @@ MAX_VERSIONS = 64
 """...and for fewer than this many data versions (writes) after it."""
 
 
+def still_close(held_count: int, held_version: int, count: int, version: int) -> bool:
+    """Whether a statistic computed over `held_count` items at `held_version` still stands for now.
+
+    The rule of the vocabulary, ColBERT's IDF and the graph's largest component: within STALE_SHARE of
+    the count, fewer than MAX_VERSIONS writes since.
+    """
+    return version - held_version < MAX_VERSIONS and abs(count - held_count) <= STALE_SHARE * held_count
+
+
 @dataclass(frozen=True, slots=True)
 class _Read:
     counts: dict[str, int]
@@ -33,10 +42,8 @@ class _Read:
     created_at: str
 
     def close_to(self, collection: CollectionInfo) -> bool:
-        return (
-            collection.created_at == self.created_at
-            and collection.version - self.version < MAX_VERSIONS
-            and abs(collection.chunk_count - self.chunk_count) <= STALE_SHARE * self.chunk_count
+        return collection.created_at == self.created_at and still_close(
+            self.chunk_count, self.version, collection.chunk_count, collection.version
         )
 
 

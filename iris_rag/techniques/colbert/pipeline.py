@@ -264,15 +264,12 @@ class ColbertPipeline(Pipeline):
             return _Idf(idf, total, collection.version, collection.created_at)
 
         def update(_: int, held: _Idf) -> _Idf | None:
-            if (
-                held.created_at != collection.created_at
-                or collection.version - held.version >= vocabulary.MAX_VERSIONS
-            ):
+            if held.created_at != collection.created_at:
                 return None
+            chunks = self.index.indexed_chunks(collection.id)
             return (
                 held
-                if abs(self.index.indexed_chunks(collection.id) - held.chunks)
-                <= vocabulary.STALE_SHARE * held.chunks
+                if vocabulary.still_close(held.chunks, held.version, chunks, collection.version)
                 else None
             )
 

@@ -357,8 +357,7 @@ class KnowledgeGraphIndex:
             return _Component(size, relations, version)
 
         def update(_: int, held: _Component) -> _Component | None:
-            close = abs(relations - held.relations) <= vocabulary.STALE_SHARE * held.relations
-            return held if close and version - held.version < vocabulary.MAX_VERSIONS else None
+            return held if vocabulary.still_close(held.relations, held.version, relations, version) else None
 
         return self._components.get(collection_id, version, build, update).size
 
