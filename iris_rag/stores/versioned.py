@@ -20,10 +20,42 @@ scan of the index).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+MAX_DOCUMENTS_TO_UPDATE = 1000
+"""Changed documents up to which a held value is brought up to date (or a quarter of its units, see below)."""
+
+
+def update_limit(units: int) -> int:
+    """How many changed documents a held value over `units` (its documents, or chunks) is updated for.
+
+    Past a quarter of them (and MAX_DOCUMENTS_TO_UPDATE), one sequential read of the whole is cheaper.
+    """
+    return max(MAX_DOCUMENTS_TO_UPDATE, units // 4)
+
+
+def logged_documents(
+    changes: Iterable[tuple[int, str]], since: int, through: int, limit: int
+) -> set[str] | None:
+    """The documents a change log's (version, document id) rows after version `since` name.
+
+    None when a reload is due: a version of (since, through] has no row (pruned, or moved on by a process
+    of an earlier schema, whose writes log nothing) or more than `limit` documents changed. Rows past
+    `through` are named too (newer data, as good). The rule of DocumentStore.changed_documents, one for
+    every backend's log.
+    """
+    versions: set[int] = set()
+    documents: set[str] = set()
+    for version, document_id in changes:
+        if version <= through:
+            versions.add(int(version))
+        documents.add(str(document_id))
+    if len(versions) != through - since:
+        return None
+    return documents if len(documents) <= limit else None
 
 
 class VersionedCache(Generic[T]):

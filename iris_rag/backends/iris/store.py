@@ -54,7 +54,7 @@ from iris_rag.stores.base import (
 )
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.technique_index import CollectionState, TechniqueIndex
-from iris_rag.stores.versioned import VersionedCache
+from iris_rag.stores.versioned import VersionedCache, logged_documents
 from iris_rag.text import chunk_id
 
 logger = logging.getLogger(__name__)
@@ -682,10 +682,7 @@ class IrisStore:
             "WHERE collection_id = ? AND data_version > ?",
             (collection_id, since),
         )
-        if len({int(row[0]) for row in rows if int(row[0]) <= through}) != through - since:
-            return None
-        documents = {str(row[1]) for row in rows}
-        return documents if len(documents) <= limit else None
+        return logged_documents(((int(row[0]), row[1]) for row in rows), since, through, limit)
 
     def read_snapshot(self) -> AbstractContextManager[None]:
         """No snapshot: each query reads the committed rows (rag_noderag reads its leaves in one query)."""

@@ -60,6 +60,7 @@ from iris_rag.stores.base import (
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.rows import call_record, collection_info, document_summary, stored_chunk, stored_document
 from iris_rag.stores.technique_index import CollectionState, TechniqueIndex
+from iris_rag.stores.versioned import logged_documents
 from iris_rag.text import chunk_id
 
 logger = logging.getLogger(__name__)
@@ -801,10 +802,7 @@ class PostgresStore:
             )
             .fetchall()
         )
-        if len({row["version"] for row in rows if row["version"] <= through}) != through - since:
-            return None
-        documents = {str(row["document_id"]) for row in rows}
-        return documents if len(documents) <= limit else None
+        return logged_documents(((row["version"], row["document_id"]) for row in rows), since, through, limit)
 
     @contextmanager
     def read_snapshot(self) -> Iterator[None]:

@@ -41,7 +41,7 @@ from iris_rag.stores.base import (
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.rows import call_record, collection_info, document_summary, stored_chunk, stored_document
 from iris_rag.stores.technique_index import CollectionState, TechniqueIndex
-from iris_rag.stores.versioned import VersionedCache
+from iris_rag.stores.versioned import VersionedCache, logged_documents, update_limit
 from iris_rag.text import chunk_id
 
 logger = logging.getLogger(__name__)
@@ -177,8 +177,6 @@ FROM collections c WHERE NOT EXISTS (SELECT 1 FROM collection_counts n WHERE n.c
 _OLD_TRIGGERS = ("documents_version_insert", "documents_version_update", "documents_version_delete")
 # Versions of change log kept per collection: a process further behind than this reloads its matrix whole.
 CHANGE_LOG_VERSIONS = 10_000
-# Changed documents up to which a matrix is updated rather than reloaded (or a quarter of its chunks).
-MAX_DOCUMENTS_TO_UPDATE = 1000
 
 
 # Chunks from which an unfiltered flat keyword search is pruned (MaxScore over FTS5, _pruned_flat_search).
@@ -1624,11 +1622,6 @@ def _prune_changes(connection: sqlite3.Connection, collection_id: str) -> None:
     )
 
 
-def update_limit(live_chunks: int) -> int:
-    """Changed documents up to which a held matrix is updated: beyond, one sequential read is cheaper."""
-    return max(MAX_DOCUMENTS_TO_UPDATE, live_chunks // 4)
-
-
 def _changed_documents(
     connection: sqlite3.Connection, collection_id: str, held: int, version: int, limit: int
 ) -> set[str] | None:
@@ -1641,10 +1634,7 @@ def _changed_documents(
         "SELECT version, document_id FROM collection_changes WHERE collection_id = ? AND version > ?",
         (collection_id, held),
     ).fetchall()
-    if len({row[0] for row in changes if row[0] <= version}) != version - held:
-        return None
-    documents = {row[1] for row in changes}
-    return documents if len(documents) <= limit else None
+    return logged_documents(changes, held, version, limit)
 
 
 @dataclass(frozen=True)

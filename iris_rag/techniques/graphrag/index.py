@@ -42,7 +42,7 @@ from iris_rag.retrieval import vocabulary
 from iris_rag.settings import Settings
 from iris_rag.stores.appended import Column
 from iris_rag.stores.base import DocumentInput, DocumentStore
-from iris_rag.stores.versioned import VersionedCache
+from iris_rag.stores.versioned import VersionedCache, update_limit
 from iris_rag.techniques.graphrag.extraction import (
     ChatClient,
     DocumentGraph,
@@ -75,9 +75,6 @@ logger = logging.getLogger(__name__)
 EMBED_ALL_ENTITIES_UP_TO = 20_000
 MIN_DOCUMENTS_TO_EMBED = 2
 NAME_ENCODE_BATCH = 1024  # names per encoder call: short calls, a cancellation checkpoint between them
-# Documents changed since a held entity table up to which it is updated rather than loaded again (or a
-# quarter of the documents the graph covers).
-MAX_DOCUMENTS_TO_UPDATE = 1000
 
 
 def _min_documents(entities: int) -> int:
@@ -441,7 +438,7 @@ class KnowledgeGraphIndex:
         """
         with self.store.read_snapshot():
             version = self.store.data_version(collection_id)
-            limit = max(MAX_DOCUMENTS_TO_UPDATE, table.documents // 4)
+            limit = update_limit(table.documents)
             documents = self.store.changed_documents(collection_id, table.version, version, limit)
             if documents is None or not table.indexed.isdisjoint(documents):
                 return None

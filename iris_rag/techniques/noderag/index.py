@@ -22,7 +22,7 @@ import numpy.typing as npt
 from iris_rag.encoder import TextEncoder
 from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore
 from iris_rag.stores.technique_index import ChunkEncoding
-from iris_rag.stores.versioned import VersionedCache
+from iris_rag.stores.versioned import VersionedCache, update_limit
 from iris_rag.techniques.noderag.storage import (
     DocumentTree,
     LeafMatrix,
@@ -35,9 +35,6 @@ from iris_rag.text import embedding_text, split_sentences
 
 # A sentence longer than this is cut at whitespace: the encoder reads at most 256 word pieces anyway.
 MAX_SENTENCE_CHARS = 1000
-# Changed documents up to which a held leaf matrix is updated rather than read again whole (or, in a large
-# collection, its leaves / 40: about a quarter of its documents, at some ten leaves a document).
-MAX_DOCUMENTS_TO_UPDATE = 1000
 # Leaves are embedded this many texts per encode call (outside the ingest transaction): the encoder sorts a
 # call's texts by length, so larger calls pad less; each call's vectors go to the embedding cache.
 ENCODE_BATCH = 1024
@@ -433,8 +430,10 @@ class NodeTreeIndex:
         """
 
         def update(held: int, matrix: LeafMatrix) -> LeafMatrix | None:
-            limit = max(MAX_DOCUMENTS_TO_UPDATE, len(matrix.document_ids) // 40)
-            documents = self.store.changed_documents(collection_id, held, version, limit)
+            documents_held = len(matrix.document_ids) // 10  # about ten leaves a document
+            documents = self.store.changed_documents(
+                collection_id, held, version, update_limit(documents_held)
+            )
             if documents is None:
                 return None
             return matrix.replaced(documents, self.storage.leaves(collection_id, documents))

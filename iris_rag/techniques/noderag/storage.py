@@ -69,11 +69,12 @@ class LeafMatrix:
         The rows stay in the order a fresh read gives (written order: a rewritten document's rows are new
         rows). Without a row to drop, the newest version appends in place to the matrix it shares.
         """
-        if not len(fresh.document_ids) and documents.isdisjoint(self.document_ids):
+        untouched = documents.isdisjoint(self.document_ids)  # (a scan of every row: once)
+        if not len(fresh.document_ids) and untouched:
             return self
         if not len(self.document_ids):
             return fresh
-        if documents.isdisjoint(self.document_ids):
+        if untouched:
             kept, size = self, len(self.document_ids)
             rows = self.rows if self.rows is not None else Column(self.matrix)
         else:
