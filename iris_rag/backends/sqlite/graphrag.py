@@ -422,7 +422,7 @@ class SqliteKnowledgeGraph:
             for batch in _batches(sorted(mentioned_by)):
                 for row in cursor.execute(
                     f"""{query} AND id IN (SELECT entity_id FROM kg_mentions WHERE collection_id = ?
-                        AND document_id IN ({",".join("?" * len(batch))}))""",
+                        AND document_id IN ({_marks(batch)}))""",
                     (min_documents, min_documents, collection_id, collection_id, *batch),
                 ):
                     found[row[0]] = row
@@ -441,7 +441,7 @@ class SqliteKnowledgeGraph:
             rows = []
             for batch in _batches(sorted(document_ids)):
                 rows += connection.execute(
-                    f"{query} AND document_id IN ({','.join('?' * len(batch))})", (collection_id, *batch)
+                    f"{query} AND document_id IN ({_marks(batch)})", (collection_id, *batch)
                 ).fetchall()
         return list(dict.fromkeys((row[0], int(row[1])) for row in rows))
 
