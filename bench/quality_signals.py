@@ -259,6 +259,7 @@ class Variants:
     def __init__(self, signals: Signals, bm25: Bm25) -> None:
         self.signals, self.bm25 = signals, bm25
         self._centred: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None
+        self._grams: tuple[Any, Any] | None = None
 
     def sentences(self, query: Query) -> Floats:
         """Each chunk's best sentence cosine."""
@@ -338,6 +339,25 @@ class Variants:
         moved = Query(query.text, query.vector, dense, query.keyword, candidates, top, query.keyword_top)
         return candidates, self.today(moved)
 
+    def character_grams(self, query: Query) -> Floats:
+        """Every chunk's TF-IDF cosine over character 3- to 5-grams within words (title and text).
+
+        A third lexical view beside BM25's stems: it matches inflections, compounds and the pieces of
+        chemical and gene names that the tokenizer keeps whole. Built once (scikit-learn), sublinear TF.
+        """
+        if self._grams is None:
+            from sklearn.feature_extraction.text import TfidfVectorizer  # type: ignore[import-untyped]
+
+            vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), sublinear_tf=True, min_df=2)
+            texts = [
+                embedding_text(t, x) for t, x in zip(self.signals.titles, self.signals.texts, strict=True)
+            ]
+            self._grams = (vectorizer, vectorizer.fit_transform(texts).T.tocsr())
+        vectorizer, chunks_by_gram = self._grams
+        return np.asarray(
+            (vectorizer.transform([query.text]) @ chunks_by_gram).toarray()[0], dtype=np.float64
+        )
+
     def all(self) -> dict[str, Variant]:
         s, k = self, self.bm25
         three: dict[str, Variant] = {
@@ -383,6 +403,19 @@ class Variants:
             "legs weighted by their top's sharpness": lambda q: s.gap_weighted(q, 1.0),
             "dense alone, mean-centred vectors": partial(s.centred, fused=False),
             "today with the dense leg over mean-centred vectors": partial(s.centred, fused=True),
+            "character 3-5-grams alone (TF-IDF cosine, today's candidates)": lambda q: s.character_grams(q)[
+                q.candidates
+            ],
+            "character-gram leg: thirds": lambda q: fuse(
+                q,
+                [(1 / 3, q.dense, False), (1 / 3, s.character_grams(q), False), (1 / 3, q.keyword, True)],
+            ),
+            "character-gram leg: dense 0.4, character grams 0.2, BM25 0.4": lambda q: fuse(
+                q, [(0.4, q.dense, False), (0.2, s.character_grams(q), False), (0.4, q.keyword, True)]
+            ),
+            "character grams in place of BM25 (today's candidates), 0.5 / 0.5": lambda q: fuse(
+                q, [(0.5, q.dense, False), (0.5, s.character_grams(q), False)]
+            ),
             "CombMNZ (today x legs that returned it)": lambda q: (
                 s.today(q)
                 * (np.isin(q.candidates, q.dense_top).astype(float) + np.isin(q.candidates, q.keyword_top))
