@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from bench.quality_signals import (
     Bm25,
@@ -48,6 +47,7 @@ from bench.quality_signals import (
     _measures,
     _paired,
     _queries,
+    embed,
 )
 from iris_rag.evaluation.beir import load_beir
 from iris_rag.settings import Settings
@@ -162,26 +162,24 @@ def train(
 def reencode(model: Any, signals: Signals) -> tuple[Signals, float]:
     """The signals with every chunk (title and text, as ingest embeds it) and query embedded again."""
 
-    def embed(strings: list[str]) -> npt.NDArray[np.float32]:
-        vectors = model.encode(strings, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
-        return np.asarray(vectors, dtype=np.float32)
-
     started = time.perf_counter()
-    chunks = embed([embedding_text(t, x) for t, x in zip(signals.titles, signals.texts, strict=True)])
+    texts = [embedding_text(t, x) for t, x in zip(signals.titles, signals.texts, strict=True)]
     fields = signals.fields()
-    fields.update(chunk_vectors=chunks, query_vectors=embed(list(signals.queries.values())))
+    fields.update(
+        chunk_vectors=embed(model, texts), query_vectors=embed(model, list(signals.queries.values()))
+    )
     return Signals(**fields), time.perf_counter() - started
 
 
 def _ranked(signals: Signals, bm25: Bm25, queries: dict[str, str]) -> dict[str, dict[str, list[str]]]:
-    """Dense alone and today's fusion for every query."""
-    variants = Variants(signals, bm25)
+    """Dense alone and today's fusion for every query (bench.quality_signals' variants of those names)."""
+    variants = Variants(signals, bm25).all()
     rankings: dict[str, dict[str, list[str]]] = {"dense alone": {}, "today": {}}
     for query_id, query in _queries(signals, bm25, queries):
-        rankings["dense alone"][query_id] = _documents(
-            signals, query.candidates, query.dense[query.candidates]
-        )
-        rankings["today"][query_id] = _documents(signals, query.candidates, variants.today(query))
+        for name, ranking in rankings.items():
+            scores = variants[name](query)
+            assert not isinstance(scores, tuple)  # both score today's candidates
+            ranking[query_id] = _documents(signals, query.candidates, scores)
     return rankings
 
 

@@ -79,6 +79,12 @@ class Signals:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
 
 
+def embed(model: Any, strings: list[str], *, progress: bool = False) -> npt.NDArray[np.float32]:
+    """Unit vectors of the strings from a sentence-transformers model, as float32 rows."""
+    vectors = model.encode(strings, batch_size=64, normalize_embeddings=True, show_progress_bar=progress)
+    return np.asarray(vectors, dtype=np.float32)
+
+
 def encode(data_dir: Path, dataset: Path, collection_id: str) -> Signals:
     """Read the collection's chunks from the SQLite store, embed queries, sentences and titles."""
     from sentence_transformers import SentenceTransformer
@@ -98,10 +104,6 @@ def encode(data_dir: Path, dataset: Path, collection_id: str) -> Signals:
     texts = [str(row[3]) for row in rows]
     model = SentenceTransformer(resolve_model_path(Settings().embedding_model), device="cpu")
 
-    def embed(strings: list[str]) -> npt.NDArray[np.float32]:
-        vectors = model.encode(strings, batch_size=64, normalize_embeddings=True, show_progress_bar=True)
-        return np.asarray(vectors, dtype=np.float32)
-
     queries = {**load_beir(dataset, "train").queries, **load_beir(dataset, "test").queries}
     owner, sentences = [], []
     for row, (title, text) in enumerate(zip(titles, texts, strict=True)):
@@ -109,7 +111,7 @@ def encode(data_dir: Path, dataset: Path, collection_id: str) -> Signals:
             owner.append(row)
             sentences.append(embedding_text(title, span.text))
     distinct_titles = sorted(set(titles))
-    title_vectors = embed(distinct_titles)
+    title_vectors = embed(model, distinct_titles, progress=True)
     title_row = {title: row for row, title in enumerate(distinct_titles)}
     return Signals(
         chunk_ids=[str(row[0]) for row in rows],
@@ -118,9 +120,9 @@ def encode(data_dir: Path, dataset: Path, collection_id: str) -> Signals:
         texts=texts,
         chunk_vectors=np.stack([np.frombuffer(row[4], dtype=np.float32) for row in rows]),
         queries=queries,
-        query_vectors=embed(list(queries.values())),
+        query_vectors=embed(model, list(queries.values()), progress=True),
         sentence_owner=np.asarray(owner, dtype=np.intp),
-        sentence_vectors=embed(sentences),
+        sentence_vectors=embed(model, sentences, progress=True),
         title_vectors=title_vectors[[title_row[title] for title in titles]],
     )
 
