@@ -174,6 +174,12 @@ class NodeRagPipeline(Pipeline):
                 specific["llm_errors"] = errors
         return Retrieval(documents, len(leaves.document_ids), specific)
 
+    def query_similarities(
+        self, query: str, collection: CollectionInfo, documents: list[RetrievedDocument]
+    ) -> dict[str, float]:
+        """Each result's best sentence cosine: its chunk id names a node, which has no stored chunk vector."""
+        return {d.chunk.chunk_id: float(d.details["leaf_score"]) for d in documents}
+
     def _trees(self, collection_id: str, document_ids: list[str]) -> dict[str, _Tree]:
         store = self.context.store
         stored = self._index.document_trees(collection_id, document_ids)

@@ -346,6 +346,25 @@ def test_generate_writes_an_answer_from_the_contexts(node_service: RagService) -
     assert evidence["answer"] is None and evidence["retrieved_documents"]
 
 
+def test_min_similarity_and_the_relevance_floor_read_the_best_sentence_cosine(
+    node_service: RagService,
+) -> None:
+    """A result's chunk id names a node, not a stored chunk: its query cosine is its best sentence's."""
+    ranked = noderag(node_service, DOSE, top_k=4, generate=True)
+    leaf_scores = [d["score_details"]["leaf_score"] for d in ranked["retrieved_documents"]]
+    assert ranked["metadata"]["relevance"]["best_query_similarity"] == pytest.approx(
+        max(leaf_scores), abs=1e-5
+    )
+    threshold = (leaf_scores[0] + min(leaf_scores)) / 2
+    kept = noderag(node_service, DOSE, top_k=4, min_similarity=threshold)["retrieved_documents"]
+    assert 0 < len(kept) < len(leaf_scores)
+    assert all(d["score_details"]["leaf_score"] >= threshold for d in kept)
+    assert noderag(node_service, DOSE, min_similarity=0.99)["retrieved_documents"] == []
+    off_topic = noderag(node_service, "Which football club won the league in 1987?", generate=True)
+    assert off_topic["metadata"]["relevance"]["best_query_similarity"] < 0.25
+    assert str(off_topic["answer"]).startswith("Nothing relevant was found")
+
+
 def test_index_follows_replace_and_delete_in_retrieval(any_node_service: RagService) -> None:
     assert top(noderag(any_node_service, "why does sourdough rise", top_k=1))["id"] == "sourdough"
     any_node_service.ingest(
