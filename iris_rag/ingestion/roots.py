@@ -44,6 +44,9 @@ class IngestRoots:
                 f"documents, or have the operator set {SETTING} to the folders clients may ingest"
             )
             raise InvalidParametersError(msg)
+        if "\x00" in path:  # no file name holds one; the operating system refuses it (ValueError)
+            msg = f"path {path!r} contains a NUL character, which no file name can hold"
+            raise InvalidParametersError(msg)
         candidate = Path(path)
         if not candidate.is_absolute():
             msg = f"path {path!r} must be absolute, under {self._listing()}"

@@ -73,6 +73,12 @@ def test_relative_and_missing_paths_are_refused(tree: Path) -> None:
         roots.locate(str(tree / "missing.md"))
 
 
+def test_a_nul_character_in_a_path_is_refused_as_a_bad_parameter(tree: Path) -> None:
+    roots = IngestRoots.parse(str(tree))
+    with pytest.raises(InvalidParametersError, match="NUL"):
+        roots.locate(f"{tree / 'a.md'}\x00.pdf")
+
+
 def test_a_symlink_named_directly_that_leads_outside_is_refused(tree: Path) -> None:
     (tree / "link.txt").symlink_to(tree.parent / "secret.txt")
     (tree / "linked-dir").symlink_to(tree.parent, target_is_directory=True)
