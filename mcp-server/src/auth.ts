@@ -22,7 +22,7 @@ export interface Principal {
   scopes: Scope[];
   /** Granted collection ids, or "*" for all of them. */
   collections: string[] | "*";
-  /** Token-bucket rate: calls per minute (bursts up to this many); null for no limit. */
+  /** Token-bucket rate: requests per minute (bursts up to this many); null for no limit. */
   requestsPerMinute: number | null;
 }
 
@@ -145,7 +145,14 @@ export function hasScope(principal: Principal, scope: Scope): boolean {
   return principal.scopes.includes("admin") || principal.scopes.includes(scope);
 }
 
-/** One token bucket per principal: `rate` calls per minute, bursts up to `rate`. */
+/** What a caller past its requests_per_minute is told (tools/call, resources, initialize alike). */
+export const rateLimitMessage = (principal: Principal, waitMs: number): string =>
+  `More than ${principal.requestsPerMinute} requests per minute for this key (tools/call, resources/read, resources/list and initialize each count); retry in ${waitMs} ms`;
+
+/**
+ * One token bucket per principal: `rate` requests per minute, bursts up to `rate`. Shared by everything
+ * that makes the worker work or holds memory (tools/call, resources/read and list, a new HTTP session).
+ */
 export class RateLimiter {
   private readonly buckets = new Map<string, { tokens: number; updated: number }>();
 

@@ -38,6 +38,8 @@ export interface HttpConfig {
   maxBodyBytes: number;
   /** MCP_SESSION_IDLE_MS: a session unused this long is closed. */
   sessionIdleMs: number;
+  /** MCP_MAX_SESSIONS_PER_KEY: live sessions one key may hold (without keys: all clients together). */
+  maxSessionsPerKey: number;
 }
 
 /**
@@ -81,6 +83,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, repoRoot: strin
         .filter(Boolean),
       maxBodyBytes: integer(env, "MCP_MAX_BODY_BYTES", 4 * 1024 * 1024),
       sessionIdleMs: integer(env, "MCP_SESSION_IDLE_MS", 30 * 60_000),
+      maxSessionsPerKey: integer(env, "MCP_MAX_SESSIONS_PER_KEY", 32),
     },
   };
 }

@@ -7,13 +7,13 @@
 import { PassThrough, type Readable, type Writable } from "node:stream";
 import { createInterface } from "node:readline";
 
-import { ErrorCode, JSONRPCMessageSchema } from "@modelcontextprotocol/sdk/types.js";
+import { ErrorCode, JSONRPCMessageSchema, JSONRPCRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 import { isObject } from "./json.js";
 
 type RequestId = string | number | null;
 
-interface Rejection {
+export interface Rejection {
   id: RequestId;
   code: number;
   message: string;
@@ -23,7 +23,8 @@ interface Rejection {
 
 const BATCH_MESSAGE = "Invalid Request: JSON-RPC batches are not supported (MCP 2025-06-18 removed them); send one message per line";
 
-const describe = (value: unknown): string => (value === null ? "null" : Array.isArray(value) ? "an array" : `a ${typeof value}`);
+const describe = (value: unknown): string =>
+  value === null ? "null" : Array.isArray(value) ? "an array" : `${/^[aeiou]/.test(typeof value) ? "an" : "a"} ${typeof value}`;
 
 const requestId = (message: Record<string, unknown>): RequestId =>
   typeof message.id === "string" || (typeof message.id === "number" && Number.isFinite(message.id)) ? message.id : null;
@@ -36,6 +37,11 @@ export function rejectFrame(line: string): Rejection | null {
   } catch (error) {
     return { id: null, code: ErrorCode.ParseError, message: `Parse error: the line is not JSON (${(error as Error).message})` };
   }
+  return rejectMessage(message);
+}
+
+/** Why a parsed message cannot go to the SDK, or null if it can (stdio frames, HTTP bodies). */
+export function rejectMessage(message: unknown): Rejection | null {
   if (Array.isArray(message)) {
     const ids = message.filter(isObject).map(requestId).filter((id) => id !== null);
     if (ids.length > 0) return { id: null, code: ErrorCode.InvalidRequest, message: BATCH_MESSAGE, batch: ids };
@@ -59,13 +65,33 @@ export function rejectFrame(line: string): Rejection | null {
       };
     }
   }
+  if (isRequest && isObject(message.params)) {
+    const meta = message.params._meta;
+    if (meta !== undefined && !isObject(meta)) {
+      return { id, code: ErrorCode.InvalidParams, message: `Invalid params: params._meta must be an object, not ${describe(meta)}` };
+    }
+    const token = isObject(meta) ? meta.progressToken : undefined;
+    if (token !== undefined && typeof token !== "string" && !Number.isInteger(token)) {
+      return {
+        id,
+        code: ErrorCode.InvalidParams,
+        message: `Invalid params: params._meta.progressToken must be a string or an integer, not ${typeof token === "number" ? String(token) : describe(token)}`,
+      };
+    }
+  }
   if (!JSONRPCMessageSchema.safeParse(message).success) {
     if (!isRequest) {
       // A request whose id is unusable gets its error with id null; a notification or response gets none.
       const badId = "id" in message && typeof message.method === "string";
       return badId ? { id: null, code: ErrorCode.InvalidRequest, message: "Invalid Request: id must be a string or a number" } : null;
     }
-    return { id, code: ErrorCode.InvalidRequest, message: "Invalid Request: not a JSON-RPC 2.0 request (needs jsonrpc \"2.0\", method, id)" };
+    if (message.jsonrpc !== "2.0") {
+      return { id, code: ErrorCode.InvalidRequest, message: "Invalid Request: not a JSON-RPC 2.0 request (needs jsonrpc \"2.0\", method, id)" };
+    }
+    // jsonrpc, method and id are fine, so name what is not (an unknown top-level key, a bad _meta field).
+    const issue = JSONRPCRequestSchema.safeParse(message).error?.issues[0];
+    const where = issue?.path.length ? `${issue.path.map(String).join(".")}: ` : "";
+    return { id, code: ErrorCode.InvalidRequest, message: `Invalid Request: ${where}${issue?.message ?? "not a valid request"}` };
   }
   return null;
 }

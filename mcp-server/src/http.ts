@@ -4,7 +4,9 @@
  * Every session gets its own MCP server object, all of them on the one worker and tool router (so the
  * concurrency limits, the queue and the per-key rate limits are global). In front of the transport this
  * file does what the transport leaves to the application: the Origin check against DNS rebinding, the
- * body-size cap, API keys (auth.ts), and binding each session to the key that opened it.
+ * body-size cap, API keys (auth.ts), binding each session to the key that opened it, and what a new session
+ * costs: a token from the key's bucket and one of its MCP_MAX_SESSIONS_PER_KEY places (the key's least
+ * recently used session is closed to make room).
  */
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server as NodeHttpServer, type ServerResponse } from "node:http";
@@ -12,10 +14,11 @@ import type { AddressInfo } from "node:net";
 
 import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import { isInitializeRequest, JSONRPCMessageSchema } from "@modelcontextprotocol/sdk/types.js";
 
-import { presentedKey, PrincipalRegistry, type Principal } from "./auth.js";
+import { presentedKey, PrincipalRegistry, rateLimitMessage, type Principal } from "./auth.js";
 import type { HttpConfig } from "./config.js";
+import { rejectMessage } from "./frames.js";
 import { isObject } from "./json.js";
 import type { IrisRagServer } from "./server.js";
 
@@ -31,15 +34,26 @@ const LOOPBACK_HOSTS = new Set(["localhost", "127.0.0.1", "::1", "[::1]"]);
 
 export const isLoopback = (host: string): boolean => LOOPBACK_HOSTS.has(host) || /^127\.\d+\.\d+\.\d+$/.test(host);
 
+interface RefusalOptions {
+  headers?: Record<string, string>;
+  /** The refused request's id, where it had one the client waits on. */
+  id?: string | number | null;
+  /** JSON-RPC error code; -32000 (server error) unless the request itself is at fault. */
+  code?: number;
+  data?: Record<string, unknown>;
+}
+
 /** A JSON-RPC error as an HTTP answer (the shape the SDK's transport uses for its own refusals). */
-function refuse(res: ServerResponse, status: number, message: string, headers: Record<string, string> = {}): void {
+function refuse(res: ServerResponse, status: number, message: string, { headers = {}, id = null, code = -32000, data }: RefusalOptions = {}): void {
   if (res.headersSent) return;
   res.writeHead(status, { "content-type": "application/json", ...headers });
-  res.end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message }, id: null }));
+  res.end(JSON.stringify({ jsonrpc: "2.0", error: { code, message, ...(data && { data }) }, id }));
 }
 
 export class HttpFrontDoor {
   private readonly sessions = new Map<string, Session>();
+  /** Sessions whose initialize is being answered: not in `sessions` yet, but already counted against the key. */
+  private readonly opening = new Set<Session>();
   private readonly registry: PrincipalRegistry | null;
   private readonly http: NodeHttpServer;
   private readonly sweeper: NodeJS.Timeout;
@@ -85,7 +99,7 @@ export class HttpFrontDoor {
   private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = new URL(req.url ?? "/", "http://host").pathname;
     if (path === "/health") {
-      if (req.method !== "GET" && req.method !== "HEAD") return refuse(res, 405, "GET /health", { allow: "GET, HEAD" });
+      if (req.method !== "GET" && req.method !== "HEAD") return refuse(res, 405, "GET /health", { headers: { allow: "GET, HEAD" } });
       return this.health(res);
     }
     if (path !== "/mcp") return refuse(res, 404, "Not found: MCP is served at /mcp, health at /health");
@@ -101,7 +115,7 @@ export class HttpFrontDoor {
       principal = this.registry.authenticate(presentedKey(req.headers));
       if (!principal) {
         return refuse(res, 401, "UNAUTHORIZED: send a valid key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'", {
-          "www-authenticate": 'Bearer realm="iris-rag"',
+          headers: { "www-authenticate": 'Bearer realm="iris-rag"' },
         });
       }
     }
@@ -111,6 +125,10 @@ export class HttpFrontDoor {
       const read = await this.readBody(req, res);
       if (!read.ok) return;
       body = read.body;
+      // The transport answers any message its schema refuses with "Parse error: Invalid JSON-RPC message";
+      // say what is wrong instead (a progressToken that is an object, say), as on stdio (frames.ts).
+      const rejection = isObject(body) && !JSONRPCMessageSchema.safeParse(body).success ? rejectMessage(body) : null;
+      if (rejection) return refuse(res, 400, rejection.message, { id: rejection.id, code: rejection.code });
     }
 
     const sessionId = req.headers["mcp-session-id"];
@@ -123,11 +141,53 @@ export class HttpFrontDoor {
       session.lastSeen = Date.now();
       return session.transport.handleRequest(request, res, body);
     }
+    // Read before isInitializeRequest narrows body to a type without it: the refusals below answer this id.
+    const id = isObject(body) && (typeof body.id === "string" || typeof body.id === "number") ? body.id : null;
     if (req.method !== "POST" || !isObject(body) || !isInitializeRequest(body)) {
       return refuse(res, 400, "Bad Request: no valid session id (mcp-session-id); start with an initialize request");
     }
+    if (principal) {
+      const waitMs = this.core.limiter.take(principal);
+      if (waitMs > 0) {
+        return refuse(res, 429, `RATE_LIMIT_EXCEEDED: ${rateLimitMessage(principal, waitMs)}`, {
+          id,
+          headers: { "retry-after": String(Math.ceil(waitMs / 1000)) },
+          data: { code: "RATE_LIMIT_EXCEEDED", retry_after_ms: waitMs },
+        });
+      }
+    }
+    // A session holds memory until it is closed or idles out, so a key holds only so many: past the cap its
+    // least recently used session is closed (a client that leaks sessions, one per run, keeps working; the
+    // closed session's client gets 404 and initializes again, as the specification says it should).
+    const max = this.config.maxSessionsPerKey;
+    const held = this.sessionsOf(principal?.id ?? null);
+    if (held.open.length + held.opening >= max) {
+      const oldest = held.open.sort((a, b) => a.lastSeen - b.lastSeen)[0];
+      if (!oldest) {
+        const holder = principal ? "this key" : "this server (no RAG_AUTH_FILE: all clients together)";
+        return refuse(res, 429, `Too many sessions being opened at once for ${holder}: at most MCP_MAX_SESSIONS_PER_KEY (${max}); retry`, {
+          id,
+          data: { limit: "MCP_MAX_SESSIONS_PER_KEY", max_sessions: max },
+        });
+      }
+      console.error(`[iris-rag] ${principal ? `key ${principal.id}` : "the local clients"} reached MCP_MAX_SESSIONS_PER_KEY=${max}: closing its least recently used session`);
+      if (oldest.transport.sessionId) this.sessions.delete(oldest.transport.sessionId);
+      void oldest.transport.close().catch(() => undefined);
+    }
     const session = this.openSession(principal);
-    await session.transport.handleRequest(request, res, body);
+    this.opening.add(session);
+    try {
+      await session.transport.handleRequest(request, res, body);
+    } finally {
+      this.opening.delete(session);
+    }
+  }
+
+  /** The open sessions of a key (null: no keys configured), and how many of its sessions are being opened. */
+  private sessionsOf(principalId: string | null): { open: Session[]; opening: number } {
+    const open = [...this.sessions.values()].filter((session) => session.principalId === principalId);
+    const opening = [...this.opening].filter((session) => session.principalId === principalId).length;
+    return { open, opening };
   }
 
   private openSession(principal: Principal | null): Session {
@@ -135,11 +195,13 @@ export class HttpFrontDoor {
     const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => randomUUID(),
       onsessioninitialized: (id) => {
+        this.opening.delete(session);
         this.sessions.set(id, session);
       },
     });
     const session: Session = { transport, server, principalId: principal?.id ?? null, lastSeen: Date.now() };
     transport.onclose = () => {
+      this.opening.delete(session);
       if (transport.sessionId) this.sessions.delete(transport.sessionId);
       void server.close().catch(() => undefined);
     };
@@ -159,7 +221,7 @@ export class HttpFrontDoor {
   /** The request body as JSON; on failure the answer (413, 400) is already sent. */
   private readBody(req: IncomingMessage, res: ServerResponse): Promise<{ ok: true; body: unknown } | { ok: false }> {
     const limit = this.config.maxBodyBytes;
-    const tooLarge = () => refuse(res, 413, `Request body larger than ${limit} bytes (MCP_MAX_BODY_BYTES)`, { connection: "close" });
+    const tooLarge = () => refuse(res, 413, `Request body larger than ${limit} bytes (MCP_MAX_BODY_BYTES)`, { headers: { connection: "close" } });
     const declared = Number(req.headers["content-length"]);
     if (Number.isFinite(declared) && declared > limit) {
       tooLarge();

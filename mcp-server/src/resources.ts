@@ -12,13 +12,15 @@ import type { ReadResourceResult, Resource, ResourceTemplate } from "@modelconte
 import { McpError, ErrorCode } from "@modelcontextprotocol/sdk/types.js";
 import { readFile } from "node:fs/promises";
 
-import type { Principal } from "./auth.js";
+import { RateLimiter, rateLimitMessage, type Principal } from "./auth.js";
 import type { WorkerBridge } from "./bridge.js";
 import { asBridgeError } from "./errors.js";
 import { isObject, type JsonObject } from "./json.js";
 
 /** JSON-RPC error for a resource that does not exist (MCP: -32002). */
 const RESOURCE_NOT_FOUND = -32002;
+/** A key past its requests_per_minute, or the worker's queue full: a server error, as http.ts's refusals. */
+const RATE_LIMITED = -32000;
 const NOT_FOUND_CODES = new Set(["COLLECTION_NOT_FOUND", "DOCUMENT_NOT_FOUND"]);
 const PODCAST_PREFIX = "rag://podcast/";
 
@@ -63,7 +65,7 @@ type Parsed =
   | { kind: "document"; collection: string; document: string }
   | { kind: "podcast"; name: string };
 
-/** What a rag:// URI names, or undefined for anything else. */
+/** What a rag:// URI names, or undefined for anything else; a bad query parameter throws invalid params. */
 export function parseResourceUri(uri: string): Parsed | undefined {
   if (uri === COLLECTIONS_URI) return { kind: "collections" };
   if (uri.startsWith(PODCAST_PREFIX)) {
@@ -85,6 +87,14 @@ export function parseResourceUri(uri: string): Parsed | undefined {
   if (match[2] === "stats" && !match[4]) return { kind: "stats", collection };
   if (match[2] === "documents") {
     const limit = query.get("limit");
+    // Number() would make "abc" NaN (null in JSON) and "0x10" 16: only digits are a page size.
+    if (limit !== null && !/^[0-9]+$/.test(limit)) {
+      throw new McpError(
+        ErrorCode.InvalidParams,
+        `the query parameter limit of ${uri.slice(0, 300)} must be a positive integer (documents per page), not ${JSON.stringify(limit.slice(0, 100))}`,
+        { uri },
+      );
+    }
     return { kind: "documents", collection, ...(query.has("cursor") && { cursor: query.get("cursor")! }), ...(limit !== null && { limit: Number(limit) }) };
   }
   if (document !== undefined && !match[4]) return { kind: "document", collection, document };
@@ -92,10 +102,15 @@ export function parseResourceUri(uri: string): Parsed | undefined {
 }
 
 export class ResourceRouter {
-  constructor(private readonly bridge: WorkerBridge) {}
+  constructor(
+    private readonly bridge: WorkerBridge,
+    /** The per-key token buckets tools/call spends from (server.ts): a read costs the worker as much. */
+    private readonly limiter: RateLimiter = new RateLimiter(),
+  ) {}
 
   /** rag://collections, and each collection's stats and first page of documents. */
   async list(principal?: Principal): Promise<Resource[]> {
+    this.spend(principal);
     const { collections } = (await this.call("list_collections", {}, principal)) as { collections: JsonObject[] };
     const resources: Resource[] = [
       { uri: COLLECTIONS_URI, name: "collections", title: "Collections", description: "Every collection, with counts and descriptions.", mimeType: "application/json" },
@@ -112,6 +127,7 @@ export class ResourceRouter {
   }
 
   async read(uri: string, principal?: Principal): Promise<ReadResourceResult> {
+    this.spend(principal, uri);
     const target = parseResourceUri(uri);
     if (!target) {
       throw new McpError(ErrorCode.InvalidParams, `Unknown resource URI ${JSON.stringify(uri.slice(0, 300))}; see resources/list and resources/templates/list`);
@@ -146,6 +162,16 @@ export class ResourceRouter {
     }
   }
 
+  /** One token from the HTTP caller's bucket (as tools/call takes one), or a rate-limit error. */
+  private spend(principal?: Principal, uri?: string): void {
+    if (!principal) return;
+    const waitMs = this.limiter.take(principal);
+    if (waitMs > 0) {
+      const data = { code: "RATE_LIMIT_EXCEEDED", retry_after_ms: waitMs, ...(uri !== undefined && { uri }) };
+      throw new McpError(RATE_LIMITED, `RATE_LIMIT_EXCEEDED: ${rateLimitMessage(principal, waitMs)}`, data);
+    }
+  }
+
   /** A worker method; its errors as JSON-RPC errors (not found: -32002, bad arguments: invalid params). */
   private async call(method: string, params: JsonObject, principal?: Principal, uri?: string): Promise<unknown> {
     try {
@@ -158,6 +184,7 @@ export class ResourceRouter {
       const data = { code: failure.code, ...(uri !== undefined && { uri }) };
       if (NOT_FOUND_CODES.has(failure.code)) throw new McpError(RESOURCE_NOT_FOUND, failure.message, data);
       if (failure.code === "INVALID_PARAMETERS") throw new McpError(ErrorCode.InvalidParams, failure.message, data);
+      if (failure.code === "RATE_LIMIT_EXCEEDED") throw new McpError(RATE_LIMITED, `${failure.code}: ${failure.message}`, data);
       throw new McpError(ErrorCode.InternalError, `${failure.code}: ${failure.message}`, data);
     }
   }

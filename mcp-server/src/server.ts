@@ -11,7 +11,7 @@ import {
   ReadResourceRequestSchema,
 } from "@modelcontextprotocol/sdk/types.js";
 
-import type { Principal } from "./auth.js";
+import { RateLimiter, type Principal } from "./auth.js";
 import { WorkerBridge, type Progress } from "./bridge.js";
 import type { Config } from "./config.js";
 import { loadInstructions, loadToolSpecs, servedToolSpecs } from "./schemas.js";
@@ -21,6 +21,8 @@ import { ToolRouter } from "./tools.js";
 export interface IrisRagServer {
   bridge: WorkerBridge;
   tools: ToolRouter;
+  /** The per-key token buckets every session spends from (tools/call, resources, new HTTP sessions). */
+  limiter: RateLimiter;
   /** A new MCP server on the shared worker: one for stdio, one per session over HTTP. */
   newServer: () => Server;
   /** Stop the worker (close the MCP servers first). */
@@ -53,8 +55,11 @@ export function createServer(config: Config): IrisRagServer {
       server.sendResourceListChanged().catch((error: unknown) => console.error(`[iris-rag] could not send list_changed: ${String(error)}`));
     }
   };
-  const tools = new ToolRouter(bridge, specs, announceChange);
-  const resources = new ResourceRouter(bridge);
+  // One bucket per key for everything that makes the worker work: a key past its tools/call budget must
+  // not go on reading the same documents through resources/read.
+  const limiter = new RateLimiter();
+  const tools = new ToolRouter(bridge, specs, announceChange, limiter);
+  const resources = new ResourceRouter(bridge, limiter);
   const version = config.serverVersion ?? packageVersion(config.repoRoot);
 
   const newServer = (): Server => {
@@ -88,7 +93,7 @@ export function createServer(config: Config): IrisRagServer {
 
   let cleaning: Promise<void> | undefined;
   const cleanup = () => (cleaning ??= bridge.stop());
-  return { bridge, tools, newServer, cleanup };
+  return { bridge, tools, limiter, newServer, cleanup };
 }
 
 /** The principal http.ts attached to the request (AuthInfo.extra.principal). */

@@ -1,6 +1,6 @@
 import type { CallToolResult, Tool } from "@modelcontextprotocol/sdk/types.js";
 
-import { hasScope, RateLimiter, requiredScope, type Principal } from "./auth.js";
+import { hasScope, RateLimiter, rateLimitMessage, requiredScope, type Principal } from "./auth.js";
 import type { Progress, WorkerBridge } from "./bridge.js";
 import { asBridgeError, BridgeError } from "./errors.js";
 import { isObject, type JsonObject } from "./json.js";
@@ -115,8 +115,6 @@ export function unhealthyResult(error: BridgeError, responseTimeMs: number): Cal
 /** Serves tools/list from the schema files and tools/call through the worker. */
 export class ToolRouter {
   private readonly catalog: Map<string, CatalogEntry>;
-  /** Per-principal token buckets (HTTP mode), shared by every session. */
-  private readonly limiter = new RateLimiter();
 
   constructor(
     private readonly bridge: WorkerBridge,
@@ -124,6 +122,8 @@ export class ToolRouter {
     specs: readonly ToolSpec[],
     /** Called after each successful call of a tool that writes (not readOnlyHint): resources changed. */
     private readonly onWrite?: (tool: string) => void,
+    /** Per-principal token buckets (HTTP mode), shared by every session, resources and new sessions. */
+    private readonly limiter: RateLimiter = new RateLimiter(),
   ) {
     this.catalog = new Map(specs.map((spec) => [spec.name, { spec, validate: compileArgumentValidator(spec.name, spec.inputSchema) }]));
   }
@@ -179,8 +179,7 @@ export class ToolRouter {
       }
       const waitMs = this.limiter.take(principal);
       if (waitMs > 0) {
-        const message = `More than ${principal.requestsPerMinute} calls per minute for this key; retry in ${waitMs} ms`;
-        return fail(new BridgeError("RATE_LIMIT_EXCEEDED", message, { retry_after_ms: waitMs }), technique);
+        return fail(new BridgeError("RATE_LIMIT_EXCEEDED", rateLimitMessage(principal, waitMs), { retry_after_ms: waitMs }), technique);
       }
     }
     const failure = entry.validate(args);

@@ -37,4 +37,25 @@ describe("rejectFrame: frames the SDK would drop or answer with a zod dump", () 
     assert.deepEqual(rejectFrame(frame({ jsonrpc: "2.0", id: null, method: "tools/list" }))?.id, null);
     assert.equal(rejectFrame(frame({ jsonrpc: "2.0", id: { a: 1 }, method: "tools/list" }))?.code, -32600);
   });
+
+  it("names a bad _meta.progressToken instead of claiming jsonrpc, method or id are missing", () => {
+    const call = (meta: unknown) => frame({ jsonrpc: "2.0", id: 5, method: "tools/call", params: { name: "rag_list_collections", arguments: {}, _meta: meta } });
+    for (const [token, shown] of [[{ x: 1 }, "an object"], [[1], "an array"], [null, "null"], [true, "a boolean"], [1.5, "1.5"]] as const) {
+      assert.deepEqual(rejectFrame(call({ progressToken: token })), {
+        id: 5,
+        code: -32602,
+        message: `Invalid params: params._meta.progressToken must be a string or an integer, not ${shown}`,
+      });
+    }
+    assert.deepEqual(rejectFrame(call("tok"))?.message, "Invalid params: params._meta must be an object, not a string");
+    assert.equal(rejectFrame(call({ progressToken: "t" })), null);
+    assert.equal(rejectFrame(call({ progressToken: 7 })), null);
+  });
+
+  it("names what else is wrong with a request that has jsonrpc, method and id", () => {
+    const rejection = rejectFrame(frame({ jsonrpc: "2.0", id: 6, method: "tools/list", extra: 1 }));
+    assert.equal(rejection?.code, -32600);
+    assert.doesNotMatch(rejection?.message ?? "", /needs jsonrpc/);
+    assert.match(rejection?.message ?? "", /extra/);
+  });
 });
