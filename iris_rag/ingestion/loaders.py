@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -209,20 +210,37 @@ def _jsonl_documents(path: Path, text: str) -> Iterator[SourceDocument | SourceE
 
 def _csv_documents(path: Path, text: str, columns: CsvColumns) -> Iterator[SourceDocument | SourceError]:
     csv.field_size_limit(sys.maxsize)
-    reader = csv.DictReader(text.splitlines())
-    if reader.fieldnames is None or columns.text not in reader.fieldnames:
-        found = ", ".join(reader.fieldnames or [])
-        yield SourceError(
-            str(path), f"no text column {columns.text!r} (columns: {found}); pass --text-column"
-        )
-        return
-    for number, row in enumerate(reader, start=2):
-        content = row.pop(columns.text) or ""
-        doc_id = row.pop(columns.id, None) if columns.id else None
-        title = (row.pop(columns.title, None) if columns.title else None) or ""
-        if not content.strip():
-            yield SourceError(f"{path}:{number}", f"empty {columns.text!r} column")
-            continue
-        metadata: dict[str, Any] = {k: v for k, v in row.items() if k is not None}
-        metadata["source"] = path.name
-        yield SourceDocument(id=doc_id or None, content=content, title=title, metadata=metadata)
+    # The text as one stream keeps a quoted field's line breaks; strict: an unclosed quote is an error, not
+    # the rest of the file read into one field.
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+    ended = 0  # the line the last record read ended on
+    try:
+        fieldnames = reader.fieldnames
+        if fieldnames is None or columns.text not in fieldnames:
+            found = ", ".join(fieldnames or [])
+            yield SourceError(
+                str(path), f"no text column {columns.text!r} (columns: {found}); pass --text-column"
+            )
+            return
+        ended = reader.line_num
+        for row in reader:
+            number, ended = ended + 1, reader.line_num
+            yield _csv_row(path, number, row, columns)
+    except csv.Error as exc:
+        unclosed = str(exc) == "unexpected end of data"
+        what = "a quoted field is never closed" if unclosed else str(exc)
+        yield SourceError(f"{path}:{ended + 1}", f"{what}; the rows from here on were not read")
+
+
+def _csv_row(
+    path: Path, number: int, row: dict[str, Any], columns: CsvColumns
+) -> SourceDocument | SourceError:
+    """One CSV record (starting on line `number`) as a document, or why it is not one."""
+    content = row.pop(columns.text) or ""
+    doc_id = row.pop(columns.id, None) if columns.id else None
+    title = (row.pop(columns.title, None) if columns.title else None) or ""
+    if not content.strip():
+        return SourceError(f"{path}:{number}", f"empty {columns.text!r} column")
+    metadata: dict[str, Any] = {k: v for k, v in row.items() if k is not None}
+    metadata["source"] = path.name
+    return SourceDocument(id=doc_id or None, content=content, title=title, metadata=metadata)

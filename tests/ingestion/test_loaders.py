@@ -53,3 +53,14 @@ def test_csv_with_chosen_columns(tmp_path: Path) -> None:
     missing = list(iter_source(path))
     assert isinstance(missing[0], SourceError)
     assert "--text-column" in missing[0].message
+
+
+def test_csv_rows_over_several_lines_and_an_unclosed_quote(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text('id,text\n1,"Two\nlines."\n2,"never closed\n3,Third.\n4,Fourth.\n', encoding="utf-8")
+    items = list(iter_source(path))
+    docs = [i for i in items if isinstance(i, SourceDocument)]
+    assert [(d.id, d.content) for d in docs] == [("1", "Two\nlines.")]
+    errors = [i for i in items if isinstance(i, SourceError)]
+    assert [e.location for e in errors] == [f"{path}:4"]
+    assert "quoted field is never closed" in errors[0].message

@@ -204,12 +204,15 @@ def parse_csv(text: str, *, delimiter: str | None = None) -> RawTable:
         first_line = next((line for line in text.splitlines() if line.strip()), "")
         counts = {d: first_line.count(d) for d in (",", "\t", ";", "|")}
         delimiter = max(counts, key=lambda d: counts[d]) if any(counts.values()) else ","
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    # strict: an unclosed quote is an error, not the rest of the file read into one cell.
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     headers: list[str] | None = None
     rows: list[list[Any]] = []
     errors: list[str] = []
+    ended = 0  # the line the last record read ended on
     try:
         for record in reader:
+            ended = reader.line_num
             if not any(cell.strip() for cell in record):
                 continue
             if headers is None:
@@ -220,7 +223,12 @@ def parse_csv(text: str, *, delimiter: str | None = None) -> RawTable:
                 continue
             rows.append(record + [None] * (len(headers) - len(record)))
     except csv.Error as exc:
-        errors.append(f"line {reader.line_num}: {exc}")
+        unclosed = str(exc) == "unexpected end of data"
+        errors.append(
+            f"line {ended + 1}: a quoted field is never closed"
+            if unclosed
+            else f"line {reader.line_num}: {exc}"
+        )
     if errors:
         msg = f"the CSV has {len(errors)} malformed rows (first: {errors[0]}); fix them and ingest again"
         raise _invalid(msg, errors[:10])

@@ -140,6 +140,11 @@ def test_delimiters_and_malformed_sources(tmp_path: Path) -> None:
         parse_csv("a,b\n1,2\n1,2,3\n")
     with pytest.raises(InvalidParametersError, match="empty"):
         parse_csv("\n\n")
+    # An unclosed quote would swallow the rest of the file into one cell: refused, naming where it opened.
+    for unclosed, line in [('a,"b\n1,2\n', 1), ('a,b\n1,2\n3,"four\n5,6\n7,8\n', 3)]:
+        with pytest.raises(InvalidParametersError, match=f"line {line}: a quoted field is never closed"):
+            parse_csv(unclosed)
+    assert parse_csv('a,b\n1,"two, ""quoted""\nlines"\n').rows == [["1", 'two, "quoted"\nlines']]
     with pytest.raises(InvalidParametersError, match="line 2"):
         parse_json_lines('{"a": 1}\n[1, 2]\n')
     with pytest.raises(InvalidParametersError, match="record 2"):
