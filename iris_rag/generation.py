@@ -19,10 +19,16 @@ logger = logging.getLogger(__name__)
 
 AnswerSource = Literal["llm", "extractive"]
 
-NOTHING_FOUND = (
-    "Nothing relevant was found in the collection for this query: no retrieved passage passed the "
-    "similarity threshold, so there is no answer to give."
-)
+NOTHING_RETRIEVED = "no passage was retrieved"
+
+
+def nothing_found(reason: str = NOTHING_RETRIEVED) -> str:
+    """The answer when no passage is left to answer from, saying why (Pipeline.run knows the reason)."""
+    return (
+        f"Nothing relevant was found in the collection for this query: {reason}, so there is no answer "
+        "to give."
+    )
+
 
 # Below this cosine similarity between the query and its best passage (all-MiniLM-L6-v2), the extractive
 # answer says nothing relevant was found instead of quoting. Chosen on the bundled SciFact sample: its
@@ -113,8 +119,12 @@ class Generator(Protocol):
         temperature: float,
         max_tokens: int,
         steps: bool = False,
+        empty_reason: str = NOTHING_RETRIEVED,
     ) -> Generation:
-        """Answer the query from the passages alone (steps: with the reasoning steps, each citing chunks)."""
+        """Answer the query from the passages alone (steps: with the reasoning steps, each citing chunks).
+
+        empty_reason says why, when there is no passage (no document passed the filters, say).
+        """
 
 
 def _terms(text: str) -> list[str]:
@@ -137,12 +147,18 @@ class ExtractiveGenerator:
         temperature: float,
         max_tokens: int,
         steps: bool = False,
+        empty_reason: str = NOTHING_RETRIEVED,
     ) -> Generation:
         """Pick sentences by IDF-weighted overlap with the query, tie-broken by retrieval score."""
         del temperature  # nothing is sampled
         if not passages:
-            chain = (ReasoningStep("No passage was retrieved, so there is no evidence to answer from.", ()),)
-            return self._generation(NOTHING_FOUND, chain if steps else None)
+            chain = (
+                ReasoningStep(
+                    f"{empty_reason[:1].upper()}{empty_reason[1:]}, so there is no evidence to answer from.",
+                    (),
+                ),
+            )
+            return self._generation(nothing_found(empty_reason), chain if steps else None)
         best = best_similarity(passages)
         if best is not None and best < RELEVANCE_FLOOR:
             # Quoting the closest sentences would pass unrelated text off as an answer.
@@ -288,13 +304,14 @@ class OpenAIGenerator:
         temperature: float,
         max_tokens: int,
         steps: bool = False,
+        empty_reason: str = NOTHING_RETRIEVED,
     ) -> Generation:
         """Ask the LLM, with the passages as numbered context (and their chunk ids when steps are wanted)."""
         context = "\n\n".join(
             f"[{p.citation}] {p.title}{f' {{{p.cited_id}}}' if steps else ''}\n{p.content}".strip()
             for p in passages
         )
-        user = f"Context:\n{context or '(no passages were retrieved)'}\n\nQuestion: {query}"
+        user = f"Context:\n{context or f'(none: {empty_reason})'}\n\nQuestion: {query}"
         system = SYSTEM_PROMPT + (STEPS_PROMPT if steps else "")
         try:
             completion = self._client.chat.completions.create(

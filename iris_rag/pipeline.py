@@ -23,12 +23,13 @@ from iris_rag.errors import (
     RequestCancelledError,
     RetrievalFailedError,
 )
-from iris_rag.generation import RELEVANCE_FLOOR, Generation, Generator, Passage
+from iris_rag.generation import NOTHING_RETRIEVED, RELEVANCE_FLOOR, Generation, Generator, Passage
 from iris_rag.ranking import RankingOptions, check_ranking, pool_size, rerank
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, DocumentStore, StoredChunk, check_embedding_model
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.stores.technique_index import IndexProgress, TechniqueIndex
+from iris_rag.validation import model_errors
 
 
 class QueryOptions(BaseModel):
@@ -214,6 +215,7 @@ class Pipeline(ABC):
         documents: list[RetrievedDocument],
         options: QueryOptions,
         similarity: dict[str, float] | None = None,
+        empty_reason: str = NOTHING_RETRIEVED,
     ) -> Generation:
         """Write the answer from the retrieved chunks; citations are numbered by document."""
         similarity = similarity or {}
@@ -236,6 +238,7 @@ class Pipeline(ABC):
             temperature=options.temperature,
             max_tokens=options.max_tokens,
             steps=options.cot_steps,
+            empty_reason=empty_reason,
         )
 
     # The template
@@ -277,12 +280,22 @@ class Pipeline(ABC):
         documents = documents[: options.top_k]
         retrieved_at = time.perf_counter()
 
+        filter_report = (
+            self._filter_report(collection.id, metadata_filter, options)
+            if metadata_filter is not None
+            else None
+        )
         generation: Generation | None = None
         error: RagError | None = None
         if options.generate:
             check_cancelled()  # between retrieval and the (possibly slow) generation
+            empty_reason = (
+                _empty_reason(retrieval.documents, threshold, filter_report) if not documents else ""
+            )
             try:
-                generation = self.generate(request.query, documents, options, similarity)
+                generation = self.generate(
+                    request.query, documents, options, similarity, empty_reason or NOTHING_RETRIEVED
+                )
             except RequestCancelledError:
                 raise
             except RagError as exc:
@@ -324,8 +337,8 @@ class Pipeline(ABC):
                 "technique_specific": retrieval.technique_specific,
             },
         }
-        if metadata_filter is not None:
-            response["metadata"]["filters"] = self._filter_report(collection.id, metadata_filter, options)
+        if filter_report is not None:
+            response["metadata"]["filters"] = filter_report
         if error is not None:
             response["error"] = error.to_dict()
             # LLM_SERVICE_UNAVAILABLE keeps its code; any other failure to answer is GENERATION_FAILED.
@@ -336,7 +349,7 @@ class Pipeline(ABC):
 
     def _filter_report(
         self, collection_id: str, metadata_filter: MetadataFilter, options: QueryOptions
-    ) -> Any:
+    ) -> dict[str, Any]:
         """What the filter did: how many documents passed it, and which fields no document has."""
         store = self.context.store
         unknown = store.unknown_fields(collection_id, metadata_filter.fields)
@@ -353,8 +366,9 @@ class Pipeline(ABC):
         try:
             return self.params_model.model_validate(raw)
         except ValidationError as exc:
-            msg = f"invalid technique_params for {self.technique}: {exc.errors(include_url=False)}"
-            raise InvalidParametersError(msg) from exc
+            errors = model_errors(exc)
+            msg = f"invalid technique_params for {self.technique}: {'; '.join(errors)}"
+            raise InvalidParametersError(msg, {"errors": errors}) from exc
 
     def resolve_collection(self, collection_id: str | None) -> CollectionInfo:
         """The collection to search; it must exist and match the loaded embedding model."""
@@ -365,6 +379,22 @@ class Pipeline(ABC):
             raise access.collection_not_found(name, known, "; ingest first")
         check_embedding_model(collection, self.context.settings.embedding_model_id)
         return collection
+
+
+def _empty_reason(
+    retrieved: list[RetrievedDocument], threshold: float, filter_report: dict[str, Any] | None
+) -> str:
+    """Why no passage is left to answer from, in the words the answer says it."""
+    if filter_report is not None and not filter_report["matched_documents"]:
+        unknown = filter_report["unknown_fields"]
+        return (
+            f"no document has {', '.join(unknown)} in its metadata"
+            if unknown
+            else "no document matches options.filters"
+        )
+    if retrieved:
+        return f"no retrieved passage reached min_similarity {threshold:g}"
+    return NOTHING_RETRIEVED
 
 
 def _ms(seconds: float) -> float:

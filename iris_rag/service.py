@@ -327,6 +327,7 @@ class RagService:
             else None
         )
         if document is None:
+            self._visible_collection(collection_id)  # a missing collection is told as such, not as a document
             msg = f"no document {arguments['document_id']!r} in collection {collection_id!r}"
             raise DocumentNotFoundError(msg, {"collection_id": collection_id})
         result: dict[str, Any] = {

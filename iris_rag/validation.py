@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
+import pydantic
 from jsonschema import Draft202012Validator, ValidationError, validators
 
 from iris_rag.errors import (
@@ -79,6 +80,16 @@ def validate_arguments(tool_name: str, arguments: Any) -> dict[str, Any]:
     else:
         error_class = InvalidParametersError
     raise error_class(f"invalid arguments for {tool_name}: " + "; ".join(messages), details)
+
+
+def model_errors(error: pydantic.ValidationError) -> list[str]:
+    """A parameter model's errors written as the schema's are ("/field: message"; a whole-model rule bare)."""
+    messages = []
+    for item in error.errors(include_url=False):
+        text = str(item["msg"]).removeprefix("Value error, ")
+        where = "".join(f"/{part}" for part in item["loc"])
+        messages.append(f"{where}: {text}" if where else text)
+    return messages
 
 
 def _missing_name(error: ValidationError) -> str:

@@ -33,7 +33,10 @@ def test_listing_and_reads_hide_other_collections(dispatcher: Dispatcher) -> Non
         "get_document", {"collection_id": "nope", "document_id": "d1"}, ALICE
     )
     assert not ok and not ok_missing
-    assert hidden["code"] == missing["code"] == "DOCUMENT_NOT_FOUND"
+    assert hidden["code"] == missing["code"] == "COLLECTION_NOT_FOUND"
+    assert hidden["details"]["known_collections"] == missing["details"]["known_collections"] == ["papers"]
+    ok, absent = dispatcher.call("get_document", {"collection_id": "papers", "document_id": "nope"}, ALICE)
+    assert not ok and absent["code"] == "DOCUMENT_NOT_FOUND"
 
     query = {"query": "rivers", "options": {"generate": False}}
     ok, hidden = dispatcher.call(
@@ -82,3 +85,23 @@ def test_the_wire_principal_is_checked() -> None:
     with pytest.raises(MalformedRequestError) as raised:
         parse_request(orjson.dumps({"id": "8", "method": "m", "principal": {"id": 3}}))
     assert raised.value.details == {"id": "8"}
+
+
+def test_rag_sqlrag_answers_a_hidden_collections_table_as_one_that_does_not_exist(
+    dispatcher: Dispatcher,
+) -> None:
+    def refusal(sql: str) -> str:
+        arguments = {"query": "count", "collection_id": "papers", "technique_params": {"sql": sql}}
+        ok, error = dispatcher.call("execute", {"technique": "sqlrag", "arguments": arguments}, ALICE)
+        assert not ok, sql
+        return str(error["message"])
+
+    for table in ("documents_secret", "DOCUMENTS_SECRET"):
+        assert refusal(f"SELECT count(*) FROM {table}") == refusal(
+            f"SELECT count(*) FROM {table.replace('secret', 'nopes').replace('SECRET', 'NOPES')}"
+        ).replace("nopes", "secret").replace("NOPES", "SECRET")
+    # The local user (no principal) is told the table is another collection's.
+    sql = {"sql": "SELECT 1 FROM documents_secret"}
+    arguments = {"query": "count", "collection_id": "papers", "technique_params": sql}
+    ok, error = dispatcher.call("execute", {"technique": "sqlrag", "arguments": arguments})
+    assert not ok and "not in allowed_tables" in error["message"]

@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 
 from iris_rag.access import Principal, principal_scope
-from iris_rag.errors import CollectionNotFoundError, ForbiddenError, InvalidParametersError
+from iris_rag.errors import (
+    CollectionNotFoundError,
+    DocumentNotFoundError,
+    ForbiddenError,
+    InvalidParametersError,
+)
 from iris_rag.service import RagService
 from iris_rag.stores.base import KeywordQuery
 from tests.conftest import DOCUMENTS
@@ -178,3 +183,26 @@ def test_describing_a_missing_or_unwritable_collection_is_refused(loaded: RagSer
     reader = Principal("reader", frozenset({"read"}), frozenset({"docs"}))
     with principal_scope(reader), pytest.raises(ForbiddenError):
         loaded.update_collection({"collection_id": "docs", "description": "mine now"})
+
+
+def test_a_missing_collection_is_told_apart_from_a_missing_document(loaded: RagService) -> None:
+    with pytest.raises(CollectionNotFoundError) as missing:
+        loaded.get_document({"collection_id": "typo", "document_id": "aspirin"})
+    assert missing.value.details["known_collections"] == ["docs"]
+    with pytest.raises(DocumentNotFoundError, match="no document 'nope' in collection 'docs'"):
+        loaded.get_document({"collection_id": "docs", "document_id": "nope"})
+
+
+def test_nul_characters_are_dropped_at_ingest_alike_on_every_backend(loaded: RagService) -> None:
+    """PostgreSQL's text cannot hold a NUL and SQLite's length() stops at one: no store keeps them."""
+    content = "Before the NUL\x00 and after it, the text goes on about tides."
+    document = {"id": "nul", "title": "Ti\x00des", "content": content, "metadata": {"note\x00": "a\x00b"}}
+    result = loaded.ingest({"collection_id": "docs", "documents": [document]})
+    assert result["ingested_count"] == 1 and not result.get("errors")
+    stored = loaded.get_document({"collection_id": "docs", "document_id": "nul"})
+    assert stored["content"] == content.replace("\x00", "") and stored["title"] == "Tides"
+    assert stored["metadata"]["note"] == "ab"
+    listed = loaded.list_documents({"collection_id": "docs", "limit": 50})["documents"]
+    assert next(d["chars"] for d in listed if d["id"] == "nul") == len(stored["content"])
+    refused = loaded.ingest({"collection_id": "docs", "documents": [{"id": "a\x00b", "content": "x"}]})
+    assert refused["ingested_count"] == 0 and "NUL" in refused["errors"][0]["message"]

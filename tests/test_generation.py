@@ -6,7 +6,7 @@ import pytest
 
 from iris_rag.embedder import Embedder
 from iris_rag.errors import GenerationFailedError
-from iris_rag.generation import NOTHING_FOUND, ExtractiveGenerator, OpenAIGenerator, Passage
+from iris_rag.generation import ExtractiveGenerator, OpenAIGenerator, Passage, nothing_found
 from iris_rag.redaction import redact
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -34,7 +34,21 @@ def test_extractive_picks_matching_sentences_and_cites_them() -> None:
 
 
 def test_extractive_says_plainly_when_nothing_was_found() -> None:
-    assert ExtractiveGenerator().generate("x", [], temperature=0, max_tokens=10).answer == NOTHING_FOUND
+    nothing = ExtractiveGenerator().generate("x", [], temperature=0, max_tokens=10, steps=True)
+    assert (
+        nothing.answer
+        == nothing_found()
+        == (
+            "Nothing relevant was found in the collection for this query: no passage was retrieved, so "
+            "there is no answer to give."
+        )
+    )
+    assert nothing.steps is not None and nothing.steps.steps[0].text.startswith(
+        "No passage was retrieved, so"
+    )
+    why = "no document matches options.filters"
+    said = ExtractiveGenerator().generate("x", [], temperature=0, max_tokens=10, empty_reason=why)
+    assert why in said.answer
 
 
 def test_extractive_respects_max_tokens() -> None:

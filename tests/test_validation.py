@@ -1,8 +1,12 @@
 """Bad input gets the right code from the worker too (the front end checks the same schemas first)."""
 
+from __future__ import annotations
+
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, Field, model_validator
+from pydantic import ValidationError as PydanticError
 
 from iris_rag.errors import (
     InvalidParametersError,
@@ -10,7 +14,7 @@ from iris_rag.errors import (
     MissingRequiredFieldError,
     PipelineNotFoundError,
 )
-from iris_rag.validation import validate_arguments
+from iris_rag.validation import model_errors, validate_arguments
 
 BAD_QUERIES = ["", "   \n\t ", "x" * 2049]
 BAD_OPTIONS: list[dict[str, Any]] = [
@@ -53,3 +57,22 @@ def test_valid_arguments_pass_and_unknown_tool_fails() -> None:
         validate_arguments("rag_basic", {"query": "q", "collection_id": "../etc"})
     with pytest.raises(PipelineNotFoundError):
         validate_arguments("rag_nothing", {})
+
+
+def test_a_parameter_models_errors_read_as_the_schemas_do() -> None:
+    class Params(BaseModel):
+        top: int = Field(1, ge=1)
+
+        @model_validator(mode="after")
+        def _odd(self) -> Params:
+            if self.top == 2:
+                msg = "top cannot be 2"
+                raise ValueError(msg)
+            return self
+
+    with pytest.raises(PydanticError) as field_error:
+        Params.model_validate({"top": 0})
+    assert model_errors(field_error.value) == ["/top: Input should be greater than or equal to 1"]
+    with pytest.raises(PydanticError) as whole:
+        Params.model_validate({"top": 2})
+    assert model_errors(whole.value) == ["top cannot be 2"]

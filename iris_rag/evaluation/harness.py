@@ -20,6 +20,7 @@ from iris_rag.evaluation.techniques import TechniqueSpec
 from iris_rag.pipeline import Pipeline, QueryOptions, RetrievedDocument
 from iris_rag.service import RagService
 from iris_rag.stores.base import CollectionInfo
+from iris_rag.validation import model_errors
 
 # Documents are chunked: ask for this many chunks per wanted document so that k distinct ones come back.
 CHUNKS_PER_DOCUMENT = 3
@@ -54,8 +55,9 @@ def validate_params(service: RagService, spec: TechniqueSpec) -> BaseModel:
     try:
         return service.pipelines[spec.base].params_model.model_validate(spec.params)
     except ValidationError as exc:
-        msg = f"invalid parameters for {spec.name} ({spec.base}): {exc.errors(include_url=False)}"
-        raise InvalidParametersError(msg) from exc
+        errors = model_errors(exc)
+        msg = f"invalid parameters for {spec.name} ({spec.base}): {'; '.join(errors)}"
+        raise InvalidParametersError(msg, {"errors": errors}) from exc
 
 
 def rank(

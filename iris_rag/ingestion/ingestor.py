@@ -6,7 +6,7 @@ import hashlib
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -165,7 +165,13 @@ class Ingestor:
         result = IngestResult(collection_id)
         accepted: list[tuple[str, SourceDocument, list[Any]]] = []
         seen: set[str] = set()
-        for position, document in enumerate(documents):
+        for position, read in enumerate(documents):
+            document = replace(
+                read,
+                content=_without_nul(read.content),
+                title=_without_nul(read.title),
+                metadata=_without_nul(read.metadata),
+            )
             doc_id = document.id if document.id is not None else _content_id(document.content)
             problem = self._problem(doc_id, document, seen)
             if problem is not None:
@@ -257,6 +263,8 @@ class Ingestor:
                 "INVALID_DOCUMENT",
                 f"document id must be 1-{MAX_ID_LENGTH} characters, not only whitespace",
             )
+        if "\x00" in doc_id:
+            return "INVALID_DOCUMENT", "document id must not contain a NUL character"
         if doc_id in seen:
             return "DUPLICATE_DOCUMENT_ID", f"document id {doc_id!r} appears more than once in this call"
         if not document.content.strip():
@@ -268,6 +276,21 @@ class Ingestor:
                 f"{self.settings.max_document_chars}",
             )
         return None
+
+
+def _without_nul(value: Any) -> Any:
+    """The value with no NUL character in any of its strings.
+
+    No store keeps one alike (PostgreSQL's text and jsonb refuse it, SQLite's length() stops at it), and it
+    carries no meaning in text.
+    """
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(item) for item in value]
+    return value
 
 
 def _content_id(content: str) -> str:

@@ -49,3 +49,16 @@ def test_basic_filters_inside_retrieval(loaded_service: RagService) -> None:
     assert nothing["retrieved_documents"] == []
     assert nothing["metadata"]["filters"]["unknown_fields"] == ["shelf"]
     assert "Nothing relevant" in nothing["answer"]
+
+
+def test_an_empty_answer_says_why_nothing_came_back(loaded_service: RagService) -> None:
+    """No document passed the filters, or no passage reached min_similarity: the answer says which."""
+    for filters, reason in [
+        ({"year": 1999}, "no document matches options.filters"),
+        ({"yeer": 2020}, "no document has yeer in its metadata"),
+    ]:
+        answer = str(ask(loaded_service, "aspirin", options={"filters": filters})["answer"])
+        assert answer.startswith("Nothing relevant was found") and reason in answer
+        assert "similarity threshold" not in answer and "min_similarity" not in answer
+    strict = str(ask(loaded_service, "aspirin", options={"min_similarity": 0.99})["answer"])
+    assert "no retrieved passage reached min_similarity 0.99" in strict

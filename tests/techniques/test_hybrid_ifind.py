@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from iris_rag.backends.sqlite.store import match_expression
+from iris_rag.errors import InvalidParametersError
 from iris_rag.retrieval.keyword import repair_terms
 from iris_rag.service import RagService
 from iris_rag.stores.base import KeywordQuery
@@ -94,6 +95,15 @@ def test_weights_and_fusion_method_change_the_ranking(hybrid_service: RagService
         0.5 / (1 + top["keyword_rank"]) if top["keyword_rank"] else 0
     )
     assert top["fused_score"] == pytest.approx(expected)
+
+
+def test_a_technique_parameter_error_reads_as_a_sentence(hybrid_service: RagService) -> None:
+    with pytest.raises(InvalidParametersError) as both_zero:
+        hybrid(hybrid_service, "bread", {"vector_weight": 0, "keyword_weight": 0})
+    assert both_zero.value.message == (
+        "invalid technique_params for hybrid_ifind: vector_weight and keyword_weight cannot both be 0"
+    )
+    assert both_zero.value.details["errors"] == ["vector_weight and keyword_weight cannot both be 0"]
 
 
 def test_fuzzy_matching_repairs_misspellings_without_flooding(hybrid_service: RagService) -> None:

@@ -25,6 +25,7 @@ from iris_rag.errors import (
 )
 from iris_rag.generation import (
     EXTRACTIVE_STEPS_NOTE,
+    NOTHING_RETRIEVED,
     ExtractiveGenerator,
     Generation,
     Passage,
@@ -325,8 +326,15 @@ class SqlRagPipeline(Pipeline):
         """Check the statement against the scope and run it read-only."""
         check_cancelled()
         storage = self._storage
-        existing = storage.object_names()
-        registered = [t.name for t in storage.list_tables()]
+        # A table of a collection the caller may not see is refused as one that does not exist.
+        tables = storage.list_tables()
+        hidden = {
+            t.name.lower()
+            for t in tables
+            if t.collection_id is not None and not access.can_see(t.collection_id)
+        }
+        existing = [name for name in storage.object_names() if name.lower() not in hidden]
+        registered = [t.name for t in tables if t.name.lower() not in hidden]
         checked = check_sql(
             sql,
             dialect=storage.dialect,
@@ -441,11 +449,12 @@ class SqlRagPipeline(Pipeline):
         documents: list[RetrievedDocument],
         options: QueryOptions,
         similarity: dict[str, float] | None = None,
+        empty_reason: str = NOTHING_RETRIEVED,
     ) -> Generation:
         """An LLM gets the rows as passage [1]; the extractive answer quotes them, then the passages."""
         table = next((d for d in documents if d.chunk.chunk_id == SQL_CHUNK_ID), None)
         if table is None or not isinstance(self.context.generator, ExtractiveGenerator):
-            return super().generate(query, documents, options, similarity)
+            return super().generate(query, documents, options, similarity, empty_reason)
         similarity = similarity or {}
         citations = {SQL_DOCUMENT_ID: 1}
         passages = [

@@ -109,7 +109,7 @@ describe("WorkerBridge against the real worker", { timeout: 240_000 }, () => {
     assert.equal(error.code, "RATE_LIMIT_EXCEEDED");
     // The record of that refusal (and health, metrics) go on the control lane: never refused, never queued.
     await bridge.request("record_call", { tool: "rag_get_document", duration_ms: 1, success: false, error_code: "RATE_LIMIT_EXCEEDED" });
-    for (const refused of await Promise.all(accepted)) assert.equal(refused.code, "DOCUMENT_NOT_FOUND");
+    for (const refused of await Promise.all(accepted)) assert.equal(refused.code, "COLLECTION_NOT_FOUND");
   });
 
   it("refuses arguments it cannot serialize with INVALID_PARAMETERS instead of throwing", async (t) => {
