@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import ctypes
@@ -13,6 +14,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -48,6 +50,8 @@ LOAD_HEARTBEAT_S = 1.0  # how often a request waiting for the model to load repo
 LOAD_WAIT_LIMIT_S = 300.0  # the longest a request waits for the model to load (a load takes seconds)
 QUERY_WINDOW_S = 1.0
 """For this long after a query's encode, bulk work leaves one core to the queries (see _use_threads)."""
+EXIT_WAIT_LIMIT_S = LOAD_WAIT_LIMIT_S
+"""The longest a process's exit waits for the model work in flight (see _finish_model_work_at_exit)."""
 
 
 @functools.cache
@@ -87,8 +91,14 @@ class EncodeQueue:
     """
 
     def __init__(self, name: str) -> None:
-        self._tasks: queue.PriorityQueue[tuple[int, int, Callable[[], None]]] = queue.PriorityQueue()
-        self._order = itertools.count()  # ties broken by submission order; tasks are never compared
+        # (priority, order, future, task); task None stops the thread. Ties are broken by submission order,
+        # so futures and tasks are never compared.
+        self._tasks: queue.PriorityQueue[tuple[int, int, Future[Any], Callable[[], None] | None]] = (
+            queue.PriorityQueue()
+        )
+        self._order = itertools.count()
+        self._closed = False
+        self._lock = threading.Lock()  # nothing is queued after the stop
         self.thread = threading.Thread(target=self._run_forever, name=name, daemon=True)
         self.thread.start()
 
@@ -104,13 +114,38 @@ class EncodeQueue:
             except BaseException as exc:
                 future.set_exception(exc)
 
-        self._tasks.put((int(priority), next(self._order), task))
+        with self._lock:
+            if not self._closed:
+                self._tasks.put((int(priority), next(self._order), future, task))
+                return future
+        future.set_exception(ModelUnavailableError("the embedding model has been shut down"))
         return future
+
+    def close(self, timeout: float) -> bool:
+        """Let the running task finish, cancel the queued ones and end the thread; False if still running.
+
+        Waits at most `timeout` seconds for the running task (see _finish_model_work_at_exit).
+        """
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._tasks.put((-1, next(self._order), Future(), None))  # ahead of every queued task
+        if threading.current_thread() is not self.thread:
+            self.thread.join(max(0.0, timeout))
+        return not self.thread.is_alive()
 
     def _run_forever(self) -> None:
         while True:
-            _, _, task = self._tasks.get()
+            _, _, _, task = self._tasks.get()
+            if task is None:
+                break
             task()
+        while True:  # closed: what is still queued never runs
+            try:
+                _, _, future, _ = self._tasks.get_nowait()
+            except queue.Empty:
+                return
+            future.cancel()
 
 
 def resolve_model_path(model_name: str) -> str:
@@ -134,6 +169,36 @@ def cpu_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+_EMBEDDERS: weakref.WeakSet[Embedder] = weakref.WeakSet()
+
+
+def _finish_model_work_at_exit() -> None:
+    """At interpreter exit, let the model work in flight end before the runtime stops the daemon threads.
+
+    The encode threads are daemons, so an idle one never holds a process up. But a daemon thread that is
+    inside C++ with the GIL released when the interpreter finalizes (an ONNX Runtime session or the torch
+    model being built, copied or run; the ONNX export) is ended when it reacquires the GIL, by unwinding
+    through C++ frames that may not be unwound: std::terminate, SIGABRT, and a CLI command that had
+    finished exits 134 instead of its status. A one-shot command ends right after the load, while the
+    query thread's copy is being built, so this was the common case. atexit callbacks run before that,
+    while daemon threads still run normally: each thread finishes its one running task (a load, a copy,
+    a bulk slice: seconds at most), drops the queued ones and ends; the export is waited for too, as it
+    cannot be stopped midway and is what makes later starts load ONNX.
+
+    Rather than not starting that work in one-shot processes or making the copy on the first query: the
+    load itself is in flight when a command fails early (same abort), the embedder cannot tell a CLI from
+    the worker, and the query path stays as it is. Bounded (EXIT_WAIT_LIMIT_S), so a hung C++ call cannot
+    keep a process from exiting. The worker leaves through os._exit, which runs no atexit callbacks and
+    stops its threads without finalizing, so it never waits here.
+    """
+    deadline = time.monotonic() + EXIT_WAIT_LIMIT_S
+    for embedder in list(_EMBEDDERS):
+        embedder.close(timeout=deadline - time.monotonic())
+
+
+atexit.register(_finish_model_work_at_exit)
 
 
 class Embedder:
@@ -191,6 +256,30 @@ class Embedder:
         # The last queries' encodes: a technique and the answer's relevance check embed the same query.
         self._recent_queries: OrderedDict[str, Future[npt.NDArray[np.float32]]] = OrderedDict()
         self._recent_lock = threading.Lock()
+        self._export_thread: threading.Thread | None = None
+        self._closing = False
+        _EMBEDDERS.add(self)
+
+    def close(self, timeout: float = EXIT_WAIT_LIMIT_S) -> bool:
+        """Finish the model work in flight and end this embedder's threads; False if some still run.
+
+        Waits at most `timeout` seconds in all; encodes asked for afterwards fail with
+        EMBEDDING_SERVICE_UNAVAILABLE. Called for every embedder at interpreter exit.
+        """
+        self._closing = True
+        deadline = time.monotonic() + max(0.0, timeout)
+        stopped = self._encode_thread.close(deadline - time.monotonic())
+        stopped = self._query_thread.close(deadline - time.monotonic()) and stopped
+        export = self._export_thread
+        if export is not None and export.is_alive():
+            logger.warning("finishing the ONNX export of %s, for later starts to load", self.model_name)
+            export.join(max(0.0, deadline - time.monotonic()))
+            stopped = not export.is_alive() and stopped
+        if stopped and not self._ready.is_set():  # closed before its load ran: nobody waits forever
+            self.state = "failed"
+            self.error = "closed before the model loaded"
+            self._ready.set()
+        return stopped
 
     def start_loading(self) -> None:
         """Load in the background so the worker answers describe and health_check meanwhile."""
@@ -219,9 +308,10 @@ class Embedder:
                 self.backend = "torch"
                 if self._should_export(model_path):
                     self.onnx_export = "exporting"
-                    threading.Thread(
+                    self._export_thread = threading.Thread(
                         target=self._export_in_background, args=(model_path,), name="onnx-export", daemon=True
-                    ).start()
+                    )
+                    self._export_thread.start()
             self.state = "ready"
             self.load_time_s = time.perf_counter() - started
             logger.info(
@@ -233,7 +323,7 @@ class Embedder:
             logger.exception("embedding model %s failed to load", self.model_name)
         finally:
             self._ready.set()
-        if self.state == "ready":
+        if self.state == "ready" and not self._closing:
             # After ready, so the first answer does not wait for it; until then queries use the main copy.
             if self.backend == "onnx":
                 self._query_dense = self._dense.copy(threads=QUERY_THREADS)
@@ -281,6 +371,11 @@ class Embedder:
             path = onnx_model.export(model_path, self.onnx_dir)
         except Exception as exc:  # a read-only prefix, a full disk: this start and the next stay on torch
             self.onnx_export = f"failed: {type(exc).__name__}: {exc}"
+            if not threading.main_thread().is_alive():
+                # A one-shot command ended first: the export's own thread pools refuse work once the
+                # interpreter shuts down. Nothing is left half-written; the next start exports again.
+                logger.info("ONNX export of %s stopped by the process's exit: %s", self.model_name, exc)
+                return
             logger.warning("ONNX export of %s failed; starts stay on torch: %s", self.model_name, exc)
             return
         self.onnx_export = f"exported: {path}"
@@ -639,7 +734,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import sys
 
-    from iris_rag.settings import Settings
+    from iris_rag.settings import SettingsError, load_settings
 
     parser = argparse.ArgumentParser(
         prog="python -m iris_rag.embedder",
@@ -649,7 +744,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("command", choices=["export-onnx"])
     parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        msg = f"export-onnx: {exc}"
+        raise SystemExit(msg) from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     model_path = resolve_model_path(settings.embedding_model)
