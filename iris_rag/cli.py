@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
@@ -15,11 +15,12 @@ from tqdm import tqdm
 
 from iris_rag.embedder import Embedder, resolve_model_path
 from iris_rag.errors import InvalidParametersError, RagError
+from iris_rag.ingestion.ingestor import CHUNKING_RANGES
 from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
 from iris_rag.ingestion.sync import sync_folder
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
-from iris_rag.settings import Settings
+from iris_rag.settings import Settings, SettingsError, load_settings
 
 INGEST_BATCH = 256
 
@@ -27,6 +28,24 @@ INGEST_BATCH = 256
 def _batches(items: Iterator[SourceDocument], size: int) -> Iterator[list[SourceDocument]]:
     while batch := list(islice(items, size)):
         yield batch
+
+
+def _chunking_value(name: str) -> Callable[[str], int]:
+    """An argparse type for --chunk-size or --chunk-overlap: an integer within its setting's limits."""
+    low, high = CHUNKING_RANGES[name]
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            msg = f"invalid int value: {text!r}"
+            raise argparse.ArgumentTypeError(msg) from None
+        if not low <= value <= high:
+            msg = f"{value} is out of range {low}-{high} (the limits of {name.upper()})"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return parse
 
 
 def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
@@ -46,6 +65,8 @@ def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
     ingested = chunks = 0
     document_errors: list[dict[str, object]] = []
     service.embedder.wait_ready()
+    # Refused before any file is read: an overlap not under the size, which the options alone cannot tell.
+    service.ingestor.chunking(args.chunk_size, args.chunk_overlap)
     with tqdm(desc=f"ingest {args.collection}", unit="doc", file=sys.stderr, dynamic_ncols=True) as bar:
         for batch in _batches(documents(), INGEST_BATCH):
             result = service.ingestor.ingest(
@@ -147,7 +168,11 @@ def cmd_delete(args: argparse.Namespace, service: RagService) -> int:
     """Delete documents by id or by metadata filter (rag_delete_documents)."""
     arguments: dict[str, object] = {"collection_id": args.collection}
     if args.filter is not None:
-        arguments["filter"] = orjson.loads(args.filter)
+        try:
+            arguments["filter"] = orjson.loads(args.filter)
+        except orjson.JSONDecodeError as exc:
+            msg = f"--filter is not valid JSON: {exc}"
+            raise InvalidParametersError(msg) from None
     if args.ids:
         arguments["document_ids"] = args.ids
     result = service.delete_documents(arguments)
@@ -238,9 +263,17 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("path")
     ingest.add_argument("--collection", required=True)
     ingest.add_argument(
-        "--chunk-size", type=int, default=None, help="characters per chunk (default CHUNK_SIZE)"
+        "--chunk-size",
+        type=_chunking_value("chunk_size"),
+        default=None,
+        help="characters per chunk, 100-20000 (default CHUNK_SIZE)",
     )
-    ingest.add_argument("--chunk-overlap", type=int, default=None, help="characters repeated between chunks")
+    ingest.add_argument(
+        "--chunk-overlap",
+        type=_chunking_value("chunk_overlap"),
+        default=None,
+        help="characters repeated between chunks, 0-5000, under the size (default CHUNK_OVERLAP)",
+    )
     ingest.add_argument("--text-column", default="text", help="CSV column holding the text")
     ingest.add_argument("--id-column", default="id", help="CSV column holding the document id")
     ingest.add_argument("--title-column", default="title", help="CSV column holding the title")
@@ -379,7 +412,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     """Copy collections between stores, each all-or-nothing; a JSON summary line per collection on stdout."""
     from iris_rag.migration import StoreSpec, migrate, opened
 
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        raise InvalidParametersError(str(exc)) from None
     source, target = StoreSpec.parse(args.source), StoreSpec.parse(args.target)
     if source == target:
         msg = f"--from and --to are the same store ({source.describe()})"
@@ -435,7 +471,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     limit_blas_threads()
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except SettingsError as exc:  # one line naming the variable, not pydantic's dump of the environment
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # Only commands that embed need the model loaded; `health --quick` must stay light.
     embedder = None if args.command != "health" or not args.quick else _idle_embedder(settings)
     try:

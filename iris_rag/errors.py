@@ -97,7 +97,11 @@ ModelUnavailableError = EmbeddingServiceUnavailableError
 
 
 class DatabaseConnectionFailedError(RagError):
-    """The database server (RAG_STORE=postgres) cannot be reached, at start or during a call."""
+    """The store cannot be opened or reached.
+
+    The PostgreSQL server (at start or during a call), a malformed RAG_POSTGRES_URL, or a SQLite folder
+    (RAG_DATA_DIR) that cannot be written.
+    """
 
     code = "DATABASE_CONNECTION_FAILED"
 

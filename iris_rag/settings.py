@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -120,6 +121,12 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(8, ge=1, validation_alias="MAX_CONCURRENT_REQUESTS")
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _empty_data_dir_is_the_default(cls, value: object) -> object:
+        # RAG_DATA_DIR= (empty) means the default, as an empty setting does elsewhere; not the current folder.
+        return default_data_dir() if isinstance(value, str) and not value.strip() else value
+
     @model_validator(mode="after")
     def _check_overlap(self) -> Settings:
         if self.chunk_overlap >= self.chunk_size:
@@ -185,16 +192,15 @@ class Settings(BaseSettings):
         for url in (self.llm_base_url, self.embedding_base_url):
             if not url:
                 continue
-            parts = urlsplit(url)
-            secrets += [value for value in (parts.username, parts.password) if value]
+            secrets += [value for value in _userinfo(url) if value]
             secrets += [
                 value
-                for name, value in parse_qsl(parts.query)
+                for name, value in parse_qsl(urlsplit(url).query if _splits(url) else "")
                 if value
                 and any(word in name.lower() for word in ("key", "token", "secret", "password", "auth"))
             ]
         if self.postgres_url:
-            password = urlsplit(self.postgres_url.get_secret_value()).password
+            password = _userinfo(self.postgres_url.get_secret_value())[1]
             secrets += [password] if password else []
         if self.iris_password and self.iris_password.get_secret_value():
             secrets.append(self.iris_password.get_secret_value())
@@ -204,3 +210,38 @@ class Settings(BaseSettings):
     def generator_name(self) -> str:
         """What model_info.llm_model reports."""
         return self.llm_model if self.llm_provider == "openai" else "extractive"
+
+
+def _splits(url: str) -> bool:
+    try:
+        urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL", say: a malformed URL must still have its password found
+        return False
+    return True
+
+
+def _userinfo(url: str) -> tuple[str, str]:
+    """The user name and password of scheme://user:password@host, even in a URL urlsplit refuses."""
+    found = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)@", url)
+    if found is None:
+        return "", ""
+    user, colon, password = found.group(1).partition(":")
+    return user, password if colon else ""
+
+
+class SettingsError(ValueError):
+    """Settings that are not valid, in one line naming each variable (never a value: one may be a key)."""
+
+
+def load_settings() -> Settings:
+    """The settings from the environment (and .env); SettingsError, not pydantic's dump, when one is bad."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(map(str, error['loc']))}: {error['msg']}" if error["loc"] else error["msg"]
+            for error in exc.errors(include_url=False, include_input=False, include_context=False)
+        ]
+        text = "; ".join(problem.replace("Value error, ", "") for problem in problems)
+        msg = f"invalid configuration: {text} (see .env.template)"
+        raise SettingsError(msg) from None

@@ -10,6 +10,7 @@ import re
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import snowballstemmer
 
@@ -80,6 +81,21 @@ def stem(term: str) -> str:
     if stemmer is None:
         stemmer = _stemmers.porter = snowballstemmer.stemmer("porter")
     return str(stemmer.stemWord(term))
+
+
+def without_nul(value: Any) -> Any:
+    """The value with no NUL character in any of its strings (those in lists and mappings too).
+
+    Every store gets text without one: PostgreSQL's text and jsonb refuse it (the whole write would fail),
+    SQLite's length() stops at it, and it carries no meaning in text.
+    """
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {without_nul(key): without_nul(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]
+    return value
 
 
 def embedding_text(title: str, chunk: str) -> str:

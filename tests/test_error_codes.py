@@ -20,7 +20,7 @@ from iris_rag.errors import (
     MissingRequiredFieldError,
 )
 from iris_rag.service import RagService
-from iris_rag.settings import Settings
+from iris_rag.settings import Settings, default_data_dir
 from iris_rag.validation import validate_arguments
 from iris_rag.worker.dispatch import Dispatcher
 from tests.conftest import DOCUMENTS
@@ -159,3 +159,74 @@ def test_the_command_line_names_an_unreachable_database_without_a_traceback(
     error = capsys.readouterr().err
     assert error.startswith("error DATABASE_CONNECTION_FAILED: ") and "cli-secret-pw" not in error
     assert "Traceback" not in error
+
+
+def test_a_malformed_postgres_url_is_named_without_its_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from iris_rag.cli import main
+
+    url = "postgresql://rag:TopSecretPw42@[::1/rag"  # an unclosed IPv6 bracket: urlsplit raises ValueError
+    settings = Settings(RAG_DATA_DIR=tmp_path, RAG_STORE="postgres", RAG_POSTGRES_URL=url)
+    assert "TopSecretPw42" in settings.llm_secrets
+    with pytest.raises(DatabaseConnectionFailedError, match="RAG_POSTGRES_URL is not a valid PostgreSQL URL"):
+        create_store(settings)
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("RAG_STORE", "postgres")
+    monkeypatch.setenv("RAG_POSTGRES_URL", url)
+    assert main(["health", "--quick"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error DATABASE_CONNECTION_FAILED: ") and "TopSecretPw42" not in error
+
+
+@pytest.mark.parametrize(
+    ("environment", "named"),
+    [
+        (
+            {"CHUNK_SIZE": "500", "CHUNK_OVERLAP": "600"},
+            "CHUNK_OVERLAP (600) must be smaller than CHUNK_SIZE (500)",
+        ),
+        ({"CHUNK_SIZE": "abc"}, "CHUNK_SIZE: Input should be a valid integer"),
+        ({"RAG_STORE": "mongo"}, "RAG_STORE: Input should be 'sqlite', 'postgres' or 'iris'"),
+        ({"WORKER_THREADS": "0"}, "WORKER_THREADS: Input should be greater than or equal to 1"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable_and_no_secret(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    environment: dict[str, str],
+    named: str,
+) -> None:
+    from iris_rag.cli import main
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LLM_API_KEY", "sk-" + "A" * 40 + "-TAILsecret9876")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert main(["health", "--quick"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: invalid configuration: ") and named in error
+    assert "TAILsecret9876" not in error and "Traceback" not in error and len(error.splitlines()) == 1
+
+
+def test_an_empty_data_dir_setting_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAG_DATA_DIR", "")
+    assert Settings().data_dir == default_data_dir() != Path()
+
+
+def test_a_data_dir_that_cannot_hold_the_store_is_named_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from iris_rag.cli import main
+
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("a file where the data folder should be", encoding="utf-8")
+    with pytest.raises(DatabaseConnectionFailedError, match="RAG_DATA_DIR must be a folder"):
+        create_store(Settings(RAG_DATA_DIR=not_a_folder))
+    monkeypatch.setenv("RAG_DATA_DIR", str(not_a_folder / "below"))
+    assert main(["health", "--quick"]) == 2
+    error = capsys.readouterr().err
+    assert (
+        error.startswith("error DATABASE_CONNECTION_FAILED: the SQLite store ") and "Traceback" not in error
+    )

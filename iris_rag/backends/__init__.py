@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 
 from iris_rag.backends.sqlite.store import SqliteStore
@@ -46,16 +47,28 @@ def create_store(settings: Settings) -> DocumentStore:
         try:
             psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S).close()
             return PostgresStore(url, max_connections=settings.worker_threads + 4)
+        except psycopg.ProgrammingError as exc:
+            # A malformed URL: the driver's message quotes it whole, password included.
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = f"RAG_POSTGRES_URL is not a valid PostgreSQL URL: {redact(said, settings.llm_secrets)}"
+            raise DatabaseConnectionFailedError(msg) from None
         except Exception as exc:
             failure = connection_failure(exc, settings.llm_secrets)
             if failure is None:
                 raise
             raise failure from exc
-    return SqliteStore(
-        settings.database_path,
-        ann_min_chunks=settings.sqlite_ann_min_chunks,
-        ann_probe_share=settings.sqlite_ann_probe_share,
-    )
+    try:
+        return SqliteStore(
+            settings.database_path,
+            ann_min_chunks=settings.sqlite_ann_min_chunks,
+            ann_probe_share=settings.sqlite_ann_probe_share,
+        )
+    except (OSError, sqlite3.Error) as exc:  # RAG_DATA_DIR a file, read-only, on a full disk...
+        msg = (
+            f"the SQLite store {settings.database_path} cannot be opened ({type(exc).__name__}: {exc}); "
+            "RAG_DATA_DIR must be a folder this process can write"
+        )
+        raise DatabaseConnectionFailedError(msg) from None
 
 
 def connection_failure(

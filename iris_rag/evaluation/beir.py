@@ -37,7 +37,8 @@ def load_beir(path: Path, split: str = "test") -> BeirDataset:
     if not path.is_dir():
         msg = f"dataset folder {str(path)!r} does not exist"
         raise InvalidParametersError(msg)
-    qrels = _read_qrels(_required(path / "qrels" / f"{split}.tsv"))
+    qrels_file = _required(path / "qrels" / f"{split}.tsv")
+    qrels = _read_qrels(qrels_file)
     # A split may ship its own queries file (queries_train.jsonl); otherwise queries.jsonl holds them all.
     queries_file = path / f"queries_{split}.jsonl"
     all_queries = {
@@ -47,6 +48,12 @@ def load_beir(path: Path, split: str = "test") -> BeirDataset:
         )
     }
     judged = {qid for qid, docs in qrels.items() if any(score > 0 for score in docs.values())}
+    if not judged:  # nothing to score: all-zero measures would read as a result
+        msg = (
+            f"no judged queries in {str(qrels_file)!r} for split {split!r}: "
+            "it needs query-id, corpus-id, score rows with a score above 0"
+        )
+        raise InvalidParametersError(msg)
     queries = {qid: text for qid, text in all_queries.items() if qid in judged}
     unknown = judged - queries.keys()
     if unknown:

@@ -25,6 +25,9 @@ def _split_long(span: Span, size: int) -> list[Span]:
 
 def chunk_text(text: str, *, size: int, overlap: int) -> list[Span]:
     """Group sentences into chunks of at most `size` characters, repeating up to `overlap` characters."""
+    if size < 1:  # a long sentence is cut in steps of `size`: such a step never reaches its end
+        msg = f"chunk size {size} must be at least 1"
+        raise ValueError(msg)
     sentences: list[Span] = []
     for sentence in split_sentences(text):
         sentences.extend(_split_long(sentence, size) if len(sentence.text) > size else [sentence])

@@ -7,7 +7,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -28,10 +28,21 @@ from iris_rag.stores.base import (
     check_embedding_model,
 )
 from iris_rag.stores.technique_index import ChunkEncoding, ChunkEncodingSource, SpanPooling, TechniqueIndex
-from iris_rag.text import embedding_text
+from iris_rag.text import embedding_text, without_nul
 
 MAX_ID_LENGTH = 256
 COLLECTION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # as common.json#/$defs/collection_id
+
+
+def _setting_range(name: str) -> tuple[int, int]:
+    """The least and greatest value Settings allows a field (its ge and le)."""
+    metadata = Settings.model_fields[name].metadata
+    bounds = {key: getattr(item, key) for item in metadata for key in ("ge", "le") if hasattr(item, key)}
+    return cast(int, bounds["ge"]), cast(int, bounds["le"])
+
+
+# A call's chunk_size and chunk_overlap keep to the limits of CHUNK_SIZE and CHUNK_OVERLAP, whoever calls.
+CHUNKING_RANGES = {name: _setting_range(name) for name in ("chunk_size", "chunk_overlap")}
 
 
 @dataclass
@@ -140,6 +151,20 @@ class Ingestor:
         with self.builder.core_ingest():  # the background builder waits for the core to be done
             return self._ingest(collection_id, documents, chunk_size, chunk_overlap)
 
+    def chunking(self, chunk_size: int | None, chunk_overlap: int | None) -> tuple[int, int]:
+        """The chunk size and overlap a call asks for (None: the settings'), refused out of their range."""
+        size = self.settings.chunk_size if chunk_size is None else chunk_size
+        overlap = self.settings.chunk_overlap if chunk_overlap is None else chunk_overlap
+        for name, value in (("chunk_size", size), ("chunk_overlap", overlap)):
+            low, high = CHUNKING_RANGES[name]
+            if not low <= value <= high:
+                msg = f"{name} {value} is out of range {low}-{high} (the limits of {name.upper()})"
+                raise InvalidParametersError(msg, {name: value, "minimum": low, "maximum": high})
+        if overlap >= size:
+            msg = f"chunk_overlap ({overlap}) must be smaller than chunk_size ({size})"
+            raise InvalidParametersError(msg)
+        return size, overlap
+
     def _ingest(
         self,
         collection_id: str,
@@ -148,11 +173,7 @@ class Ingestor:
         chunk_overlap: int | None,
     ) -> IngestResult:
         started = time.perf_counter()
-        size = chunk_size or self.settings.chunk_size
-        overlap = self.settings.chunk_overlap if chunk_overlap is None else chunk_overlap
-        if overlap >= size:
-            msg = f"chunk_overlap ({overlap}) must be smaller than chunk_size ({size})"
-            raise InvalidParametersError(msg)
+        size, overlap = self.chunking(chunk_size, chunk_overlap)
         if not COLLECTION_ID.match(collection_id):
             msg = f"collection id {collection_id!r} must be 1-64 letters, digits, '_', '.', '-'"
             raise InvalidParametersError(msg)
@@ -168,9 +189,9 @@ class Ingestor:
         for position, read in enumerate(documents):
             document = replace(
                 read,
-                content=_without_nul(read.content),
-                title=_without_nul(read.title),
-                metadata=_without_nul(read.metadata),
+                content=without_nul(read.content),
+                title=without_nul(read.title),
+                metadata=without_nul(read.metadata),
             )
             doc_id = document.id if document.id is not None else _content_id(document.content)
             problem = self._problem(doc_id, document, seen)
@@ -276,21 +297,6 @@ class Ingestor:
                 f"{self.settings.max_document_chars}",
             )
         return None
-
-
-def _without_nul(value: Any) -> Any:
-    """The value with no NUL character in any of its strings.
-
-    No store keeps one alike (PostgreSQL's text and jsonb refuse it, SQLite's length() stops at it), and it
-    carries no meaning in text.
-    """
-    if isinstance(value, str):
-        return value.replace("\x00", "")
-    if isinstance(value, dict):
-        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_without_nul(item) for item in value]
-    return value
 
 
 def _content_id(content: str) -> str:

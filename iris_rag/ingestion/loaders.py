@@ -9,6 +9,7 @@ import csv
 import hashlib
 import io
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from iris_rag.ingestion.formats import EXTRACTORS, FormatError
 TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
 _ESCAPING_LINK = "a symlink that leads outside the allowed folders; skipped"
+# Opened without waiting: a FIFO that took a file's place after its check must not hold the reader.
+_NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
 
 
 @dataclass(frozen=True)
@@ -99,14 +102,13 @@ def find_files(
                 elif is_file and entry.suffix.lower() in SUPPORTED_SUFFIXES:
                     found.append((entry, _source_file(entry, base)))
         yield from (item for _, item in sorted(found, key=lambda pair: pair[0]))
-    elif path.is_file():
-        if path.suffix.lower() not in SUPPORTED_SUFFIXES:
-            kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
-            yield SourceError(str(path), f"unsupported file type {path.suffix.lower()!r}; use one of {kinds}")
-            return
-        yield _source_file(path, root or path.parent)
-    else:
+    elif not path.exists():
         yield SourceError(str(path), "no such file or folder")
+    elif path.is_file() and path.suffix.lower() not in SUPPORTED_SUFFIXES:
+        kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
+        yield SourceError(str(path), f"unsupported file type {path.suffix.lower()!r}; use one of {kinds}")
+    else:
+        yield _source_file(path, root or path.parent)  # a FIFO, socket or device: reported there
 
 
 def _source_file(path: Path, root: Path) -> SourceFile | SourceError:
@@ -114,17 +116,51 @@ def _source_file(path: Path, root: Path) -> SourceFile | SourceError:
         status = path.stat()
     except OSError as exc:
         return SourceError(str(path), f"cannot read: {exc.strerror}")
+    if (problem := _not_regular(status.st_mode)) is not None:
+        return SourceError(str(path), problem)
     return SourceFile(path, root, status.st_size, status.st_mtime)
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of this mode is never read, or None for a regular file.
+
+    Opening a FIFO for reading waits for a writer, for ever, and a device may never end; neither is a
+    document.
+    """
+    if stat.S_ISREG(mode):
+        return None
+    kinds = [
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISDIR, "a folder"),
+    ]
+    kind = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"not a regular file ({kind}); skipped"
+
+
+def read_regular_file(path: Path) -> bytes | SourceError:
+    """The bytes of the regular file at path, or why they were not read; anything else is never opened."""
+    try:
+        # Checked again here: the file may have been replaced since it was found.
+        if (problem := _not_regular(path.stat().st_mode)) is not None:
+            return SourceError(str(path), problem)
+        with open(os.open(path, os.O_RDONLY | _NONBLOCK), "rb") as handle:
+            if (problem := _not_regular(os.fstat(handle.fileno()).st_mode)) is not None:
+                return SourceError(str(path), problem)  # replaced between the check and the open
+            return handle.read()
+    except OSError as exc:
+        return SourceError(str(path), f"cannot read: {exc.strerror}")
 
 
 def read_file(
     file: SourceFile, *, csv_columns: CsvColumns | None = None
 ) -> Iterator[SourceDocument | SourceError]:
     """The documents of one file: one per text, HTML, PDF or Word file, one per .jsonl or .csv record."""
-    try:
-        data = file.path.read_bytes()
-    except OSError as exc:
-        yield SourceError(str(file.path), f"cannot read: {exc.strerror}")
+    data = read_regular_file(file.path)
+    if isinstance(data, SourceError):
+        yield data
         return
     yield from parse_file(file, data, csv_columns=csv_columns)
 

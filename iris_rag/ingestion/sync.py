@@ -15,7 +15,14 @@ from pathlib import Path
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.ingestor import Ingestor
-from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, find_files, parse_file
+from iris_rag.ingestion.loaders import (
+    CsvColumns,
+    SourceDocument,
+    SourceError,
+    find_files,
+    parse_file,
+    read_regular_file,
+)
 from iris_rag.stores.base import DocumentStore
 from iris_rag.stores.filters import Condition, MetadataFilter
 
@@ -99,10 +106,9 @@ def sync_folder(
             report.errors.append(item)
             continue
         present.add(item.relative)
-        try:
-            data = item.path.read_bytes()
-        except OSError as exc:
-            report.errors.append(SourceError(str(item.path), f"cannot read: {exc.strerror}"))
+        data = read_regular_file(item.path)
+        if isinstance(data, SourceError):
+            report.errors.append(data)
             continue
         before = stored.get(item.relative)
         if before is not None and before.sha256 == hashlib.sha256(data).hexdigest():

@@ -24,7 +24,7 @@ from iris_rag.errors import RagError
 from iris_rag.progress import ProgressSink, progress_scope
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
-from iris_rag.settings import Settings
+from iris_rag.settings import SettingsError, load_settings
 from iris_rag.worker.dispatch import CONTROL, Dispatcher
 from iris_rag.worker.protocol import (
     CANCEL_REASONS,
@@ -189,7 +189,13 @@ def main() -> None:
     """Entry point of `python -m iris_rag.bridge`."""
     output = claim_stdout()
     limit_blas_threads()
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        # One line naming the variable (never a value: one may be a key); bridge.ts reads "fatal CODE:".
+        sys.stderr.write(f"fatal WORKER_UNAVAILABLE: {exc}\n")
+        sys.stderr.flush()
+        os._exit(1)
     logging.basicConfig(
         level=settings.log_level.upper(),
         stream=sys.stderr,

@@ -3,6 +3,7 @@ import { spawn, type ChildProcessWithoutNullStreams } from "node:child_process";
 import { createInterface } from "node:readline";
 
 import { BridgeError, isErrorCode } from "./errors.js";
+import { redactCredentials } from "./redaction.js";
 import { isObject } from "./json.js";
 
 export interface BridgeOptions {
@@ -241,7 +242,8 @@ export class WorkerBridge {
   private exitError(python: string, code: number | null, signal: NodeJS.Signals | null): BridgeError {
     const how = signal ? `was killed by ${signal}` : `exited with code ${code}`;
     if (this.stopped) return new BridgeError("WORKER_UNAVAILABLE", `The Python worker stopped (it ${how})`);
-    const tail = this.stderrTail.trim();
+    // A worker that failed before it could redact (a traceback quoting a URL) must not hand a password on.
+    const tail = redactCredentials(this.stderrTail.trim());
     const details = { exit_code: code, signal, ...(tail && { stderr_tail: tail }) };
     if (!this.workerReady) {
       // A worker that never answered cannot start (a missing package, a bad setting): a retry fails the same way.

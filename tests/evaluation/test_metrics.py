@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from iris_rag.errors import InvalidParametersError
 from iris_rag.evaluation.beir import BeirDataset, load_beir
 from iris_rag.evaluation.metrics import score_queries, score_run
 from tests.evaluation.conftest import write_beir
@@ -87,3 +88,18 @@ def test_train_split_uses_its_own_queries_file(tmp_path: Path) -> None:
 def test_limited_keeps_the_first_queries(dataset: BeirDataset) -> None:
     one = dataset.limited(1)
     assert (one.queries, one.qrels) == ({"q1": "first"}, {"q1": {"d1": 1}})
+
+
+@pytest.mark.parametrize(
+    "qrels",
+    [
+        [],  # the header only
+        [("q1", "d1", 0), ("q2", "d2", 0)],  # judged, but none relevant: BEIR drops them all
+    ],
+)
+def test_a_split_with_no_judged_query_is_refused_not_scored_zero(
+    tmp_path: Path, qrels: list[tuple[str, str, int]]
+) -> None:
+    root = write_beir(tmp_path / "ds", CORPUS, {"q1": "first", "q2": "second"}, qrels)
+    with pytest.raises(InvalidParametersError, match=r"no judged queries in '.*test\.tsv' for split 'test'"):
+        load_beir(root)

@@ -1,7 +1,13 @@
 import itertools
 
+import pytest
+
+from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.chunking import chunk_text
+from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.service import RagService
 from iris_rag.text import split_sentences
+from tests.deadline import within
 
 TEXT = (
     "Aspirin lowers risk. It was tested in 2019, e.g. in older adults. Results were clear! "
@@ -44,3 +50,31 @@ def test_zero_overlap_and_long_sentences() -> None:
 def test_chunk_size_changes_chunking() -> None:
     text = " ".join(f"Claim {i} is stated in this sentence." for i in range(40))
     assert len(chunk_text(text, size=200, overlap=0)) > len(chunk_text(text, size=800, overlap=0))
+
+
+@pytest.mark.parametrize("size", [0, -5])
+def test_a_size_under_one_is_refused_not_looped_on(size: int) -> None:
+    # A long sentence is cut in steps of `size`: a step of 0 or less never reaches its end.
+    with pytest.raises(ValueError, match=f"size {size}"):
+        within(10, lambda: chunk_text("word " * 100, size=size, overlap=0))
+
+
+@pytest.mark.parametrize(
+    ("size", "overlap", "refused"),
+    [
+        (-5, -10, "chunk_size -5 is out of range 100-20000"),
+        (0, None, "chunk_size 0 is out of range 100-20000"),  # was taken as the default
+        (1, 0, "chunk_size 1 is out of range 100-20000"),
+        (20_001, None, "chunk_size 20001 is out of range 100-20000"),
+        (None, -1, "chunk_overlap -1 is out of range 0-5000"),
+        (None, 5001, "chunk_overlap 5001 is out of range 0-5000"),
+    ],
+)
+def test_the_ingestor_holds_a_call_to_the_chunking_settings_limits(
+    service: RagService, size: int | None, overlap: int | None, refused: str
+) -> None:
+    # The worker's own check: not every caller goes through the command line's.
+    document = SourceDocument("n1", "A note about photosynthesis in green plants.")
+    with pytest.raises(InvalidParametersError, match=refused):
+        within(30, lambda: service.ingestor.ingest("c", [document], chunk_size=size, chunk_overlap=overlap))
+    assert service.list_collections({})["collections"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from iris_rag.embedder import Embedder
 from iris_rag.errors import ForbiddenError, InvalidParametersError
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from tests.deadline import release_fifo, within
 from tests.ingestion.make_files import write_docx, write_pdf
 
 
@@ -139,3 +141,19 @@ def test_the_byte_cap_comes_from_the_setting(configured: Callable[..., RagServic
     service = configured(RAG_INGEST_ROOTS=str(docs), RAG_INGEST_MAX_BYTES=100)
     with pytest.raises(InvalidParametersError, match="RAG_INGEST_MAX_BYTES"):
         service.ingest({"collection_id": "files", "paths": [str(docs)]})
+
+
+def test_a_fifo_in_a_folder_or_named_is_reported_not_read(
+    configured: Callable[..., RagService], docs: Path
+) -> None:
+    # Reading one would wait for a writer forever, holding a worker thread that cancelling cannot free.
+    service = configured(RAG_INGEST_ROOTS=str(docs))
+    pipe = docs / "pipe.txt"
+    os.mkfifo(pipe)
+    arguments = {"collection_id": "files", "paths": [str(docs), str(pipe)]}
+    result = within(30, lambda: service.ingest(arguments), unblock=release_fifo(pipe))
+    assert "notes.md" in result["document_ids"]
+    assert [(e["index"], e["code"], e["message"]) for e in result["errors"]] == [
+        (position, "UNREADABLE_FILE", f"{pipe}: not a regular file (a named pipe); skipped")
+        for position in (0, 1)
+    ]

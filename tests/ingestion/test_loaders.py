@@ -1,6 +1,16 @@
+import os
 from pathlib import Path
 
-from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
+from iris_rag.ingestion.loaders import (
+    CsvColumns,
+    SourceDocument,
+    SourceError,
+    SourceFile,
+    find_files,
+    iter_source,
+    read_file,
+)
+from tests.deadline import release_fifo, within
 
 
 def test_folder_of_text_and_markdown(tmp_path: Path) -> None:
@@ -64,3 +74,28 @@ def test_csv_rows_over_several_lines_and_an_unclosed_quote(tmp_path: Path) -> No
     errors = [i for i in items if isinstance(i, SourceError)]
     assert [e.location for e in errors] == [f"{path}:4"]
     assert "quoted field is never closed" in errors[0].message
+
+
+def test_a_fifo_is_reported_never_opened(tmp_path: Path) -> None:
+    # Opening a named pipe for reading waits for a writer, forever: it must be skipped, in a folder or named.
+    (tmp_path / "ok.txt").write_text("A note about photosynthesis.", encoding="utf-8")
+    pipe = tmp_path / "pipe.txt"
+    os.mkfifo(pipe)
+    items = within(10, lambda: list(iter_source(tmp_path)), unblock=release_fifo(pipe))
+    assert [i.id for i in items if isinstance(i, SourceDocument)] == ["ok.txt"]
+    assert [(e.location, e.message) for e in items if isinstance(e, SourceError)] == [
+        (str(pipe), "not a regular file (a named pipe); skipped")
+    ]
+    named = within(10, lambda: list(iter_source(pipe)), unblock=release_fifo(pipe))
+    assert named == [SourceError(str(pipe), "not a regular file (a named pipe); skipped")]
+
+
+def test_a_file_that_became_a_fifo_after_the_walk_is_not_read(tmp_path: Path) -> None:
+    pipe = tmp_path / "pipe.txt"
+    pipe.write_text("Text.", encoding="utf-8")
+    [found] = find_files(pipe)
+    assert isinstance(found, SourceFile)
+    pipe.unlink()
+    os.mkfifo(pipe)
+    items = within(10, lambda: list(read_file(found)), unblock=release_fifo(pipe))
+    assert items == [SourceError(str(pipe), "not a regular file (a named pipe); skipped")]

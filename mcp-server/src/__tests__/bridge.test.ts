@@ -266,6 +266,31 @@ for line in sys.stdin:
     }
   });
 
+  it("names the bad setting when the worker cannot start, with no secret and no install hint", async (t) => {
+    const env = { ...process.env, RAG_DATA_DIR: freshDataDir(), CHUNK_SIZE: "500", CHUNK_OVERLAP: "600", LLM_API_KEY: "sk-tail-of-a-secret-9876" };
+    const error = await rejection(realBridge(t, { env }).request("list_collections", {}));
+    assert.equal(error.code, "WORKER_UNAVAILABLE");
+    assert.match(error.message, /cannot start: invalid configuration: CHUNK_OVERLAP \(600\) must be smaller than CHUNK_SIZE \(500\)/);
+    assert.match(error.hint, /setting/);
+    assert.doesNotMatch(JSON.stringify(error.toJSON()), /secret-9876/);
+  });
+
+  it("masks credentials in the stderr tail of a worker that fails to start", async () => {
+    const root = freshDataDir();
+    mkdirSync(join(root, "iris_rag"));
+    writeFileSync(join(root, "iris_rag", "__init__.py"), "");
+    writeFileSync(
+      join(root, "iris_rag", "bridge.py"),
+      'raise ValueError("cannot parse postgresql://rag:TopSecretPw42@[::1/rag or host=db password=hunter2hunter2 or https://x/v1?api_key=sk-abcdef")\n',
+    );
+    const bridge = new WorkerBridge({ python: config.python, cwd: root, requestTimeoutMs: 20_000, maxConcurrentRequests: 1, maxQueuedRequests: 1 });
+    const error = await rejection(bridge.request("execute", {}));
+    const said = JSON.stringify(error.toJSON());
+    for (const secret of ["TopSecretPw42", "hunter2hunter2", "sk-abcdef"]) assert.doesNotMatch(said, new RegExp(secret));
+    assert.match(said, /postgresql:\/\/\*\*\*@/);
+    await bridge.stop();
+  });
+
   it("fails with WORKER_UNAVAILABLE when the Python executable does not exist", async () => {
     const bridge = new WorkerBridge({ python: "/nonexistent/python3", cwd: config.repoRoot, requestTimeoutMs: 5_000, maxConcurrentRequests: 1, maxQueuedRequests: 1 });
     const [first, second] = await Promise.all([rejection(bridge.request("describe", {})), rejection(bridge.request("describe", {}))]);
