@@ -16,6 +16,7 @@ import numpy as np
 from iris_rag.access import current_principal
 from iris_rag.schemas import CORRELATION_FIELDS
 from iris_rag.stores.base import CallLog, CallRecord
+from iris_rag.text import without_nul
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +29,11 @@ def correlation_of(arguments: Any) -> dict[str, str]:
     """The caller's request_id and session_id from a tool's arguments (those that are valid ids)."""
     if not isinstance(arguments, dict):
         return {}
+    # A NUL is dropped, as at ingest: PostgreSQL's text cannot hold one (the record would be lost).
     return {
         name: value
         for name in CORRELATION_FIELDS
-        if isinstance(value := arguments.get(name), str) and 0 < len(value) <= MAX_ID_CHARS
+        if isinstance(value := without_nul(arguments.get(name)), str) and 0 < len(value) <= MAX_ID_CHARS
     }
 
 

@@ -39,6 +39,7 @@ from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import DocumentCoverage
 from iris_rag.techniques.registry import PIPELINES
+from iris_rag.text import without_nul
 from iris_rag.validation import validate_arguments
 
 logger = logging.getLogger(__name__)
@@ -441,7 +442,8 @@ class RagService:
         collection_id: str = arguments["collection_id"]
         access.require_writable(collection_id)
         self._visible_collection(collection_id)
-        updated = self.store.set_description(collection_id, arguments["description"])
+        # A NUL is dropped, as at ingest: PostgreSQL's text cannot hold one.
+        updated = self.store.set_description(collection_id, without_nul(arguments["description"]))
         if updated is None:  # deleted meanwhile by another call or process
             raise access.collection_not_found(collection_id, [c.id for c in self.store.list_collections()])
         return {

@@ -15,6 +15,7 @@ from iris_rag.errors import (
 )
 from iris_rag.service import RagService
 from iris_rag.stores.base import KeywordQuery
+from iris_rag.worker.dispatch import Dispatcher
 from tests.conftest import DOCUMENTS
 
 EXTRA = [
@@ -173,6 +174,11 @@ def test_a_collection_description_is_set_listed_and_replaced(loaded: RagService)
     listed = {c["id"]: c for c in loaded.list_collections({})["collections"]}
     assert listed["docs"]["description"] == "Notes on tides."
     assert listed["docs"]["document_count"] == 8, "describing a collection leaves its documents alone"
+    # As at ingest, a NUL is dropped: PostgreSQL's text cannot hold one.
+    assert (
+        loaded.update_collection({"collection_id": "docs", "description": "Ti\x00des."})["description"]
+        == "Tides."
+    )
 
 
 def test_describing_a_missing_or_unwritable_collection_is_refused(loaded: RagService) -> None:
@@ -206,3 +212,27 @@ def test_nul_characters_are_dropped_at_ingest_alike_on_every_backend(loaded: Rag
     assert next(d["chars"] for d in listed if d["id"] == "nul") == len(stored["content"])
     refused = loaded.ingest({"collection_id": "docs", "documents": [{"id": "a\x00b", "content": "x"}]})
     assert refused["ingested_count"] == 0 and "NUL" in refused["errors"][0]["message"]
+
+
+def test_nul_characters_in_tables_and_call_ids_are_dropped_on_every_backend(loaded: RagService) -> None:
+    """rag_ingest_table's cells and column names, and a call's request_id, reach the store without a NUL."""
+    table = {"collection_id": "docs", "table": "notes", "rows": [{"te\x00xt": "x\x00y", "n": 1}]}
+    dispatcher = Dispatcher(loaded)
+    ok, ingested = dispatcher.call("ingest_table", table)
+    assert ok, ingested
+    arguments = {
+        "query": "tides",
+        "collection_id": "docs",
+        "request_id": "r\x00q",
+        "options": {"generate": False},
+    }
+    ok, answer = dispatcher.call("execute", {"technique": "basic", "arguments": arguments})
+    assert ok and answer["request_id"] == "rq"
+    sql = {"sql": "SELECT text FROM t_notes"}
+    ok, rows = dispatcher.call(
+        "execute", {"technique": "sqlrag", "arguments": {**arguments, "technique_params": sql}}
+    )
+    assert ok and rows["metadata"]["technique_specific"]["rows"] == [["xy"]], rows
+    loaded.monitor.flush()
+    recent = loaded.monitor.metrics("1h")["recent_calls"]
+    assert "rq" in {call["request_id"] for call in recent}

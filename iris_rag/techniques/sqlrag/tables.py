@@ -13,7 +13,7 @@ import io
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from iris_rag.techniques.sqlrag.storage import (
     TableInfo,
     ViewSpec,
 )
+from iris_rag.text import without_nul
 
 TABLE_PREFIX = "t_"
 VIEW_PREFIX = "documents_"
@@ -145,7 +146,11 @@ def infer_type(values: Iterable[Any], *, typed: bool) -> ColumnType:
 
 
 def convert(value: Any, column_type: ColumnType) -> Any:
-    """A cell as stored in a column of that type (empty cells are NULL, booleans 1/0, JSON as text)."""
+    """A cell as stored in a column of that type (empty cells are NULL, booleans 1/0, JSON as text).
+
+    A NUL character is dropped, as at ingest: PostgreSQL's text cannot hold one.
+    """
+    value = without_nul(value)
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, str):
@@ -325,6 +330,7 @@ def build_table(raw: RawTable) -> tuple[tuple[Column, ...], list[list[Any]]]:
     if len(raw.rows) > MAX_ROWS:
         msg = f"the table has {len(raw.rows)} rows; at most {MAX_ROWS} are supported"
         raise InvalidParametersError(msg)
+    raw = replace(raw, headers=without_nul(raw.headers))
     names = unique_names(raw.headers)
     columns = tuple(
         Column(name, source, infer_type((row[i] for row in raw.rows), typed=raw.typed))
