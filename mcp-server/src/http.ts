@@ -14,7 +14,7 @@ import type { AddressInfo } from "node:net";
 
 import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import { isInitializeRequest, JSONRPCMessageSchema } from "@modelcontextprotocol/sdk/types.js";
+import { type CallToolResult, isInitializeRequest, JSONRPCMessageSchema } from "@modelcontextprotocol/sdk/types.js";
 
 import { presentedKey, PrincipalRegistry, rateLimitMessage, type Principal } from "./auth.js";
 import type { HttpConfig } from "./config.js";
@@ -31,6 +31,9 @@ interface Session {
 }
 
 const LOOPBACK_HOSTS = new Set(["localhost", "127.0.0.1", "::1", "[::1]"]);
+
+/** How long one health check answers GET /health for. */
+const HEALTH_REUSE_MS = 1_000;
 
 export const isLoopback = (host: string): boolean => LOOPBACK_HOSTS.has(host) || /^127\.\d+\.\d+\.\d+$/.test(host);
 
@@ -52,6 +55,8 @@ function refuse(res: ServerResponse, status: number, message: string, { headers 
 
 export class HttpFrontDoor {
   private readonly sessions = new Map<string, Session>();
+  /** The last health check the worker was asked for (GET /health), and when. */
+  private lastCheck?: { at: number; result: Promise<CallToolResult> };
   /** Sessions whose initialize is being answered: not in `sessions` yet, but already counted against the key. */
   private readonly opening = new Set<Session>();
   private readonly registry: PrincipalRegistry | null;
@@ -259,7 +264,13 @@ export class HttpFrontDoor {
 
   /** GET /health: rag_health_check's status and each component's, no details; 503 only when unhealthy. */
   private async health(res: ServerResponse): Promise<void> {
-    const result = await this.core.tools.callTool("rag_health_check", { include_details: false });
+    // /health needs no key: probes within HEALTH_REUSE_MS of a check share it, so a burst (load balancers,
+    // or anyone flooding it) costs the worker one check a second.
+    const now = Date.now();
+    if (!this.lastCheck || now - this.lastCheck.at >= HEALTH_REUSE_MS) {
+      this.lastCheck = { at: now, result: this.core.tools.callTool("rag_health_check", { include_details: false }) };
+    }
+    const result = await this.lastCheck.result;
     const report = isObject(result.structuredContent) ? result.structuredContent : {};
     const status = typeof report.status === "string" ? report.status : "unhealthy";
     const components = isObject(report.components) ? report.components : {};

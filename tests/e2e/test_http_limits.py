@@ -4,9 +4,11 @@ it the key's least recently used session is closed."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -120,3 +122,21 @@ async def test_a_key_holds_only_so_many_sessions(limits_server: HttpServer) -> N
         assert await ping(http, carol.headers["mcp-session-id"], carol_headers) == 200, (
             "another key's is kept"
         )
+
+
+async def test_a_burst_of_health_probes_asks_the_worker_once(limits_server: HttpServer) -> None:
+    """GET /health needs no key: a burst of probes (a load balancer, or anyone) costs the worker one check."""
+
+    async def checks_recorded(admin: Any) -> int:
+        failed, metrics = await call(admin, "rag_metrics", {"time_range": "1h"})
+        assert not failed, metrics
+        return int(metrics["by_tool"].get("rag_health_check", {}).get("request_count", 0))
+
+    async with connect(limits_server, KEYS["admin"]) as admin:
+        before = await checks_recorded(admin)
+        async with httpx.AsyncClient(timeout=30) as http:
+            answers = await asyncio.gather(*(http.get(f"{limits_server.url}/health") for _ in range(30)))
+        assert {answer.status_code for answer in answers} == {200}
+        assert all(answer.json()["status"] in ("healthy", "degraded") for answer in answers)
+        await anyio.sleep(1.5)  # the monitor stores call records in the background
+        assert await checks_recorded(admin) - before <= 2, "one check, or two across a second's boundary"
