@@ -5,7 +5,6 @@ it the key's least recently used session is closed."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,7 @@ from tests.e2e.test_http_server import (
     _initialize_body,
     call,
     connect,
-    start_server,
-    write_auth_file,
+    keyed_server,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -36,22 +34,12 @@ MAX_SESSIONS = 3
 def limits_server(
     repo_root: Path, server_entry: Path, server_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HttpServer]:
-    auth_file = tmp_path_factory.mktemp("auth") / "principals.json"
-    write_auth_file(auth_file, KEYS)  # "limited": requests_per_minute 3
-    env = {
-        **server_env,
-        "MCP_TRANSPORT": "http",
-        "MCP_SERVER_PORT": "0",
-        "RAG_AUTH_FILE": str(auth_file),
-        "MCP_MAX_SESSIONS_PER_KEY": str(MAX_SESSIONS),
-    }
-    server = start_server(repo_root, server_entry, env)
-    yield server
-    server.process.terminate()
-    try:
-        server.process.wait(20)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
+    # KEYS' "limited" has requests_per_minute 3.
+    settings = {"MCP_MAX_SESSIONS_PER_KEY": str(MAX_SESSIONS)}
+    with keyed_server(
+        repo_root, server_entry, server_env, tmp_path_factory.mktemp("auth"), settings
+    ) as server:
+        yield server
 
 
 async def test_resources_and_initialize_spend_the_keys_bucket(limits_server: HttpServer) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,27 +104,35 @@ def start_server(repo_root: Path, server_entry: Path, env: dict[str, str]) -> Ht
     return HttpServer(process, found[0], Path(env.get("RAG_AUTH_FILE", "")), lines)
 
 
+@contextmanager
+def keyed_server(
+    repo_root: Path, server_entry: Path, server_env: dict[str, str], folder: Path, settings: dict[str, str]
+) -> Iterator[HttpServer]:
+    """The server over HTTP with KEYS in its RAG_AUTH_FILE (written in folder) and these settings; stopped
+    on leaving (killed after 20 s)."""
+    auth_file = folder / "principals.json"
+    write_auth_file(auth_file, KEYS)
+    env = {**server_env, "MCP_TRANSPORT": "http", "MCP_SERVER_PORT": "0", "RAG_AUTH_FILE": str(auth_file)}
+    server = start_server(repo_root, server_entry, {**env, **settings})
+    try:
+        yield server
+    finally:
+        server.process.terminate()
+        try:
+            server.process.wait(20)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+
+
 @pytest.fixture(scope="module")
 def http_server(
     repo_root: Path, server_entry: Path, server_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HttpServer]:
-    auth_file = tmp_path_factory.mktemp("auth") / "principals.json"
-    write_auth_file(auth_file, KEYS)
-    env = {
-        **server_env,
-        "MCP_TRANSPORT": "http",
-        "MCP_SERVER_PORT": "0",
-        "RAG_AUTH_FILE": str(auth_file),
-        "MCP_MAX_BODY_BYTES": str(MAX_BODY),
-        "MCP_SERVER_NAME": "iris-rag-e2e",
-    }
-    server = start_server(repo_root, server_entry, env)
-    yield server
-    server.process.terminate()
-    try:
-        server.process.wait(20)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
+    settings = {"MCP_MAX_BODY_BYTES": str(MAX_BODY), "MCP_SERVER_NAME": "iris-rag-e2e"}
+    with keyed_server(
+        repo_root, server_entry, server_env, tmp_path_factory.mktemp("auth"), settings
+    ) as server:
+        yield server
 
 
 @asynccontextmanager
