@@ -289,13 +289,10 @@ class Pipeline(ABC):
         error: RagError | None = None
         if options.generate:
             check_cancelled()  # between retrieval and the (possibly slow) generation
-            empty_reason = (
-                _empty_reason(retrieval.documents, threshold, filter_report) if not documents else ""
-            )
+            # Said in the answer when no passage is left: the filters, min_similarity, or nothing found.
+            empty_reason = _empty_reason(retrieval.documents, threshold, filter_report)
             try:
-                generation = self.generate(
-                    request.query, documents, options, similarity, empty_reason or NOTHING_RETRIEVED
-                )
+                generation = self.generate(request.query, documents, options, similarity, empty_reason)
             except RequestCancelledError:
                 raise
             except RagError as exc:
