@@ -195,7 +195,7 @@ class Settings(BaseSettings):
             secrets += [value for value in _userinfo(url) if value]
             secrets += [
                 value
-                for name, value in parse_qsl(urlsplit(url).query if _splits(url) else "")
+                for name, value in parse_qsl(_query(url))
                 if value
                 and any(word in name.lower() for word in ("key", "token", "secret", "password", "auth"))
             ]
@@ -212,12 +212,11 @@ class Settings(BaseSettings):
         return self.llm_model if self.llm_provider == "openai" else "extractive"
 
 
-def _splits(url: str) -> bool:
+def _query(url: str) -> str:
     try:
-        urlsplit(url)
-    except ValueError:  # "Invalid IPv6 URL", say: a malformed URL must still have its password found
-        return False
-    return True
+        return urlsplit(url).query
+    except ValueError:  # "Invalid IPv6 URL", say: a malformed URL's credentials are still looked for
+        return ""
 
 
 def _userinfo(url: str) -> tuple[str, str]:
