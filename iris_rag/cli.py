@@ -234,14 +234,14 @@ def cmd_eval(args: argparse.Namespace, service: RagService) -> int:
     dataset = load_beir(Path(args.dataset), args.split)
     if args.limit_queries is not None:
         dataset = dataset.limited(args.limit_queries)
-    chunk_size = args.chunk_size or service.settings.chunk_size
+    chunk_size = service.settings.chunk_size if args.chunk_size is None else args.chunk_size
     collection = args.collection or collection_name(dataset.name, chunk_size, service.settings.chunk_overlap)
     report = harness.evaluate(
         service, dataset, specs, k=args.k, collection_id=collection, chunk_size=chunk_size
     )
     command = ["iris-rag", "eval", "--dataset", args.dataset, "--techniques", args.techniques]
     command += ["--k", str(args.k), "--split", args.split]
-    command += ["--chunk-size", str(args.chunk_size)] if args.chunk_size else []
+    command += ["--chunk-size", str(args.chunk_size)] if args.chunk_size is not None else []
     command += ["--limit-queries", str(args.limit_queries)] if args.limit_queries else []
     command += [f"--params={item}" for item in args.params]
     command += ["--collection", args.collection] if args.collection else []
@@ -356,7 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--split", default="test", help="qrels/<split>.tsv (train for tuning, test to report)"
     )
     evaluate.add_argument(
-        "--chunk-size", type=int, default=None, help="characters per chunk (default CHUNK_SIZE)"
+        "--chunk-size",
+        type=_chunking_value("chunk_size"),
+        default=None,
+        help="characters per chunk, 100-20000 (default CHUNK_SIZE)",
     )
     evaluate.add_argument("--limit-queries", type=int, default=None, help="only the first N queries")
     evaluate.add_argument(

@@ -34,6 +34,14 @@ def test_ingest_chunking_out_of_the_settings_range_is_a_usage_error(
     assert f"argument {option}: {value} is out of range {limits}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "20001"])
+def test_eval_chunk_size_keeps_to_the_same_range(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["eval", "--dataset", "d", "--chunk-size", value])
+    assert exited.value.code == 2
+    assert f"argument --chunk-size: {value} is out of range 100-20000" in capsys.readouterr().err
+
+
 def test_ingest_chunking_within_the_range_is_taken() -> None:
     args = build_parser().parse_args(
         ["ingest", "docs", "--collection", "c", "--chunk-size", "100", "--chunk-overlap", "0"]
