@@ -476,7 +476,9 @@ class RagService:
     def metrics(self, params: dict[str, Any]) -> dict[str, Any]:
         """rag_metrics."""
         arguments = validate_arguments("rag_metrics", params)
-        return self.monitor.metrics(arguments.get("time_range", "1h"), arguments.get("technique_filter"))
+        return self.monitor.metrics(
+            arguments.get("time_range", "1h"), _technique_names(arguments.get("technique_filter"))
+        )
 
     def record_call(self, params: dict[str, Any]) -> dict[str, Any]:
         """Record a call the front end answered itself (a rejected argument list, say)."""
@@ -642,3 +644,21 @@ def _without_correlation(arguments: dict[str, Any]) -> dict[str, Any]:
     worker/dispatch.py echoes them in the answer and stores them with the call record.
     """
     return {k: v for k, v in arguments.items() if k not in CORRELATION_FIELDS}
+
+
+def _technique_names(names: str | list[str] | None) -> list[str] | None:
+    """rag_metrics' technique_filter as technique names; a tool name (rag_basic) is its technique's.
+
+    An unknown name is refused: it would filter everything out and read as no traffic.
+    """
+    if names is None:
+        return None
+    wanted = [names] if isinstance(names, str) else names
+    techniques = [
+        name.removeprefix("rag_") if name.removeprefix("rag_") in PIPELINES else name for name in wanted
+    ]
+    unknown = [name for name in techniques if name not in PIPELINES]
+    if unknown:
+        msg = f"technique_filter names no technique: {', '.join(unknown)}; known: {', '.join(PIPELINES)}"
+        raise InvalidParametersError(msg, {"unknown": unknown, "known": list(PIPELINES)})
+    return list(dict.fromkeys(techniques))

@@ -32,7 +32,9 @@ def _limits(schema: dict[str, Any]) -> str:
     parts = []
     for key, label in (
         ("minimum", "≥"),
+        ("exclusiveMinimum", ">"),
         ("maximum", "≤"),
+        ("exclusiveMaximum", "<"),
         ("minLength", "length ≥"),
         ("maxLength", "length ≤"),
     ):

@@ -19,10 +19,9 @@ from iris_rag.backends.sqlite.store import (
     title_fts_table,
     vocabulary_table,
 )
-from iris_rag.ingestion.ingestor import COLLECTION_ID
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
-from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordQuery
+from iris_rag.stores.base import COLLECTION_ID, ChunkInput, DocumentInput, KeywordQuery
 from iris_rag.stores.filters import MetadataFilter, parse_filters
 from iris_rag.techniques.hybrid_ifind import HybridParams
 from tests.backends.contract.bm25_reference import hand_bm25, hand_multifield

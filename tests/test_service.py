@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from iris_rag.embedder import Embedder
-from iris_rag.errors import DocumentNotFoundError
+from iris_rag.errors import DocumentNotFoundError, InvalidParametersError
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from iris_rag.worker.dispatch import Dispatcher
 from tests.conftest import DOCUMENTS, ask
 from tests.fake_openai import FakeOpenAIServer
 
@@ -168,3 +169,18 @@ def test_a_tool_is_listed_exactly_when_a_handler_serves_it(service: RagService) 
     techniques = {spec["bridge"]["technique"] for spec in listed if "technique" in spec["bridge"]}
     assert techniques == set(service.pipelines)
     assert {spec["name"] for spec in service.describe()["tools"]} == {spec["name"] for spec in listed}
+
+
+def test_rag_metrics_names_an_unknown_technique_filter_and_takes_tool_names(
+    loaded_service: RagService,
+) -> None:
+    arguments = {"query": "aspirin", "collection_id": "docs"}
+    assert Dispatcher(loaded_service).call("execute", {"technique": "basic", "arguments": arguments})[0]
+    loaded_service.monitor.flush()
+    for name in ("basic", "rag_basic", ["rag_basic", "crag"]):
+        metrics = loaded_service.metrics({"technique_filter": name})
+        assert metrics["overall"]["request_count"] == 1, name
+        assert "basic" in metrics["technique_filter"] and "rag_basic" not in metrics["technique_filter"]
+    with pytest.raises(InvalidParametersError) as unknown:
+        loaded_service.metrics({"technique_filter": ["basic", "colbret"]})
+    assert "colbret" in unknown.value.message and "colbert" in unknown.value.message

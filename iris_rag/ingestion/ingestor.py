@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -25,13 +24,13 @@ from iris_rag.stores.base import (
     DocumentInput,
     DocumentStore,
     NewCollection,
+    check_collection_id,
     check_embedding_model,
 )
 from iris_rag.stores.technique_index import ChunkEncoding, ChunkEncodingSource, SpanPooling, TechniqueIndex
 from iris_rag.text import embedding_text, without_nul
 
 MAX_ID_LENGTH = 256
-COLLECTION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # as common.json#/$defs/collection_id
 
 
 def _setting_range(name: str) -> tuple[int, int]:
@@ -174,9 +173,7 @@ class Ingestor:
     ) -> IngestResult:
         started = time.perf_counter()
         size, overlap = self.chunking(chunk_size, chunk_overlap)
-        if not COLLECTION_ID.match(collection_id):
-            msg = f"collection id {collection_id!r} must be 1-64 letters, digits, '_', '.', '-'"
-            raise InvalidParametersError(msg)
+        check_collection_id(collection_id)
         collection = self.store.get_collection(collection_id)
         new_collection = None
         if collection is not None:

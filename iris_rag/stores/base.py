@@ -7,6 +7,7 @@ technique declares (technique_storage).
 
 from __future__ import annotations
 
+import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag.errors import EmbeddingMismatchError
+from iris_rag.errors import EmbeddingMismatchError, InvalidParametersError
 from iris_rag.stores.filters import MetadataFilter
 
 if TYPE_CHECKING:
@@ -346,6 +347,16 @@ class DocumentStore(Collections, Documents, DenseSearch, KeywordSearch, Embeddin
 
     def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details."""
+
+
+COLLECTION_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # as common.json#/$defs/collection_id
+
+
+def check_collection_id(collection_id: str) -> None:
+    """A new collection's id is what the tools' schema allows (the CLI's paths have no schema before them)."""
+    if not COLLECTION_ID.match(collection_id):
+        msg = f"collection id {collection_id!r} must be 1-64 letters, digits, '_', '.', '-'"
+        raise InvalidParametersError(msg)
 
 
 def check_embedding_model(collection: CollectionInfo, model_name: str) -> None:

@@ -36,7 +36,7 @@ from iris_rag.llm import openai_client
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
-from iris_rag.stores.base import CollectionInfo, StoredChunk
+from iris_rag.stores.base import CollectionInfo, StoredChunk, check_collection_id
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.techniques.sqlrag.safety import (
@@ -512,8 +512,13 @@ class SqlRagPipeline(Pipeline):
 
     def _ingest(self, table: str, raw: RawTable, collection_id: str | None, source: str) -> dict[str, Any]:
         access.require_writable(collection_id)
-        if collection_id is not None:
-            self._require_collection(collection_id)
+        if collection_id is not None and self.context.store.get_collection(collection_id) is None:
+            # As rag_ingest: a collection is made on first use (a key may write to it, checked above).
+            check_collection_id(collection_id)
+            settings = self.context.settings
+            self.context.store.create_collection(
+                collection_id, settings.embedding_model_id, self.context.embedder.dimension
+            )
         started = time.perf_counter()
         result = ingest_table(self._storage, table, raw, collection_id=collection_id, source=source)
         return {**result, "time_ms": round((time.perf_counter() - started) * 1000, 3)}

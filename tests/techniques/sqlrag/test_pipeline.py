@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator
 
 from iris_rag.cli import build_parser, cmd_ingest_table
 from iris_rag.embedder import Embedder
-from iris_rag.errors import CollectionNotFoundError, InvalidParametersError, SqlRejectedError
+from iris_rag.errors import InvalidParametersError, SqlRejectedError
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -312,7 +312,7 @@ def _validate_output(tool: str, result: dict[str, Any]) -> None:
     Draft202012Validator(spec["outputSchema"]).validate(result)
 
 
-def test_ingest_table_and_table_schema_tools(sql_service: RagService) -> None:
+def test_ingest_table_and_table_schema_tools(sql_service: RagService, tmp_path: Path) -> None:
     methods = sql_service.methods()
     result = methods["ingest_table"](
         {"table": "Rates", "csv": "region;rate;since\nnorth;0.25;2024-01-01\n", "collection_id": "docs"}
@@ -326,8 +326,16 @@ def test_ingest_table_and_table_schema_tools(sql_service: RagService) -> None:
         methods["ingest_table"]({"table": "x", "rows": [{"a": 1}], "csv": "a\n1\n"})
     with pytest.raises(InvalidParametersError, match="table"):
         methods["ingest_table"]({"table": "1bad", "rows": [{"a": 1}]})
-    with pytest.raises(CollectionNotFoundError):
-        methods["ingest_table"]({"table": "x", "rows": [{"a": 1}], "collection_id": "nope"})
+    # As rag_ingest, a table ingested into a new collection creates it (the documented example starts so).
+    made = methods["ingest_table"]({"table": "x", "rows": [{"a": 1}], "collection_id": "shop"})
+    assert made["collection_id"] == "shop" and "shop" in {c.id for c in sql_service.store.list_collections()}
+    arguments = {"query": "a?", "collection_id": "shop", "technique_params": {"sql": "SELECT a FROM t_x"}}
+    assert specific(sql_service.execute({"technique": "sqlrag", "arguments": arguments}))["rows"] == [[1]]
+    pipeline = sql_service.pipelines["sqlrag"]
+    assert isinstance(pipeline, SqlRagPipeline)
+    (tmp_path / "y.csv").write_text("a\n1\n", encoding="utf-8")
+    with pytest.raises(InvalidParametersError, match="collection id"):  # the CLI's path: no schema before it
+        pipeline.ingest_table_file(tmp_path / "y.csv", "y", "bad id!")
 
     schema = methods["table_schema"]({"collection_id": "docs", "sample_values": 2})
     _validate_output("rag_table_schema", schema)
