@@ -16,6 +16,7 @@ from iris_rag.errors import (
 from iris_rag.service import RagService
 from iris_rag.stores.base import KeywordQuery
 from iris_rag.worker.dispatch import Dispatcher
+from iris_rag.worker.protocol import success_line
 from tests.conftest import DOCUMENTS
 
 EXTRA = [
@@ -236,3 +237,18 @@ def test_nul_characters_in_tables_and_call_ids_are_dropped_on_every_backend(load
     loaded.monitor.flush()
     recent = loaded.monitor.metrics("1h")["recent_calls"]
     assert "rq" in {call["request_id"] for call in recent}
+
+
+def test_large_float_metadata_reads_back_as_a_float_on_every_backend(loaded: RagService) -> None:
+    """PostgreSQL's jsonb writes 1e20 as 100000000000000000000: read as an int, no answer could encode it."""
+    metadata = {"population": 1e20, "tiny": 1e-300, "huge": 1e300, "count": 2**53 + 1}
+    loaded.ingest(
+        {
+            "collection_id": "docs",
+            "documents": [{"id": "big", "content": "Big numbers.", "metadata": metadata}],
+        }
+    )
+    stored = loaded.get_document({"collection_id": "docs", "document_id": "big"})["metadata"]
+    assert {key: stored[key] for key in metadata} == metadata
+    assert all(type(stored[key]) is type(value) for key, value in metadata.items())
+    success_line(1, stored)  # what the worker writes: it must encode

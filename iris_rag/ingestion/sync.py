@@ -97,6 +97,7 @@ def sync_folder(
         raise InvalidParametersError(msg)
     root = folder.resolve()
     stored = stored_files(store, collection_id, root)
+    ours = {document_id for file in stored.values() for document_id in file.document_ids}
     report = SyncReport()
     pending: list[_Pending] = []
     present: set[str] = set()
@@ -117,6 +118,7 @@ def sync_folder(
         parsed = list(parse_file(item, data, csv_columns=csv_columns))
         report.errors += [entry for entry in parsed if isinstance(entry, SourceError)]
         documents = [entry for entry in parsed if isinstance(entry, SourceDocument)]
+        documents = _not_held_elsewhere(store, collection_id, root, ours, item.relative, documents, report)
         if not documents:
             continue  # unreadable now: its documents, if any, stay as they were
         pending.append(_Pending(item.relative, before is None, documents))
@@ -142,6 +144,40 @@ def sync_folder(
         else:
             report.updated += 1
     return report
+
+
+def _not_held_elsewhere(
+    store: DocumentStore,
+    collection_id: str,
+    root: Path,
+    ours: set[str],
+    relative: str,
+    documents: list[SourceDocument],
+    report: SyncReport,
+) -> list[SourceDocument]:
+    """The documents whose id no document from elsewhere holds; the others are reported and left alone.
+
+    An id is a path relative to its folder, so two folders' `notes.txt`, or a document sent as text with
+    that id, are one document: replacing it would break the promise that sync touches only this folder's.
+    """
+    kept = []
+    for document in documents:
+        held = (
+            None
+            if document.id is None or document.id in ours
+            else store.get_document(collection_id, document.id)
+        )
+        if held is None:
+            kept.append(document)
+            continue
+        owner = held.metadata.get("source_root")
+        where = f"from the folder {owner}" if isinstance(owner, str) else "not read from a folder"
+        message = (
+            f"document id {document.id!r} is already in {collection_id!r}, {where}; left as it is "
+            f"(sync replaces only documents it read from {root})"
+        )
+        report.errors.append(SourceError(relative, message))
+    return kept
 
 
 def _ingest(ingestor: Ingestor, collection_id: str, pending: list[_Pending], report: SyncReport) -> set[str]:

@@ -98,7 +98,16 @@ class WorkerServer:
             with self._tokens_lock:
                 self._tokens.pop(request.id, None)
         try:
-            self.write(success_line(request.id, payload) if ok else error_line(request.id, payload))
+            line = success_line(request.id, payload) if ok else error_line(request.id, payload)
+        except (
+            TypeError,
+            ValueError,
+        ) as exc:  # a result orjson refuses: answer, or the caller waits for ever
+            logger.exception("the answer to %s could not be encoded", request.method)
+            message = f"the answer could not be encoded ({exc}); this is a server bug, please report it"
+            line = error_line(request.id, {"code": "INTERNAL_ERROR", "message": message})
+        try:
+            self.write(line)
         except OSError as exc:
             # The front end has gone (a broken pipe): nobody is left to answer.
             logger.warning("could not answer request %r: %s", request.id, exc)

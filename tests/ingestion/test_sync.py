@@ -78,6 +78,31 @@ def test_documents_not_from_this_folder_are_left_alone(
     assert {"typed", "z.txt"} <= set(_ids(any_service))
 
 
+def test_a_document_id_held_by_another_folder_or_sent_as_text_is_left_alone_and_reported(
+    any_service: RagService, folder: Path, tmp_path: Path
+) -> None:
+    """The same relative path in two folders (or a text document with that id) is one document id."""
+    any_service.ingest(
+        {"collection_id": "notes", "documents": [{"id": "r1", "content": "Typed by a client."}]}
+    )
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "a.md").write_text("# Other A\n\nAardvarks eat ants.", encoding="utf-8")
+    assert _counts(_sync(any_service, other)) == (1, 0, 0, 0, 0)
+    for dry_run in (True, False):
+        report = _sync(any_service, folder, dry_run=dry_run)
+        assert _counts(report) == (3, 0, 0, 0, 2), dry_run  # a.md refused; records.jsonl keeps r2 only
+        assert sorted(Path(e.location).name for e in report.errors) == ["a.md", "records.jsonl"]
+        assert all("left as it is" in e.message for e in report.errors)
+    kept = any_service.store.get_document("notes", "a.md")
+    typed = any_service.store.get_document("notes", "r1")
+    assert kept is not None and "Aardvarks" in kept.content
+    assert typed is not None and typed.content == "Typed by a client."
+    assert _counts(_sync(any_service, other)) == (0, 0, 1, 0, 0), (
+        "the other folder's document is still its own"
+    )
+
+
 def test_a_file_that_stops_parsing_keeps_its_document_and_is_an_error(
     any_service: RagService, folder: Path
 ) -> None:

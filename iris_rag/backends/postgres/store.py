@@ -13,12 +13,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 from pgvector import Vector
 from pgvector.psycopg import register_vector
 from psycopg import Connection, sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
 from iris_rag.backends.common.bm25 import (
@@ -142,6 +143,9 @@ class PostgresStore:
 
     @staticmethod
     def _configure(connection: Connection[Row]) -> None:
+        # jsonb writes a float such as 1e20 as 100000000000000000000: json.loads would read an integer past
+        # 64 bits (no answer can encode it), orjson reads a float, as SQLite's rows are read.
+        set_json_loads(orjson.loads, connection)
         try:
             register_vector(connection)
         except Exception:  # a fresh database has no vector type before the migration
