@@ -226,11 +226,13 @@ def _read_documents(
     """The documents with their chunks and stored vectors, ready to write as read."""
     documents: list[DocumentInput] = []
     for document_id in document_ids:
-        document = source.get_document(collection_id, document_id)
-        if document is None:  # deleted while copying: the source moved on
-            continue
-        chunks = source.get_document_chunks(collection_id, document_id)
-        vectors = source.chunk_vectors(collection_id, [c.chunk_id for c in chunks])
+        # One snapshot a document: a source written to meanwhile never gives one half old, half new.
+        with source.read_snapshot():
+            document = source.get_document(collection_id, document_id)
+            if document is None:  # deleted while copying: the source moved on
+                continue
+            chunks = source.get_document_chunks(collection_id, document_id)
+            vectors = source.chunk_vectors(collection_id, [c.chunk_id for c in chunks])
         lost = [c.chunk_id for c in chunks if c.chunk_id not in vectors]
         if lost or any(v.shape != (dimension,) for v in vectors.values()):
             msg = f"document {document_id!r} of {collection_id!r} has chunks without a stored vector"
