@@ -148,6 +148,7 @@ DOCUMENTED_RULES: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = 
     "rag_noderag": lambda arguments, _: _noderag_rules(arguments),
     "rag_ingest_table": lambda arguments, _: _ingest_table_rules(arguments),
     "rag_table_schema": lambda arguments, _: "tables" in arguments,  # names must exist
+    "rag_metrics": lambda arguments, _: "technique_filter" in arguments,  # techniques that exist
     "rag_delete_documents": lambda arguments, _: _delete_documents_rules(arguments),
     # documents xor paths; a generated path is never a file under RAG_INGEST_ROOTS (unset here anyway).
     "rag_ingest": lambda arguments, _: "paths" in arguments or "documents" not in arguments,
