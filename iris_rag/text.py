@@ -6,8 +6,12 @@ every part splits and matches text alike.
 
 from __future__ import annotations
 
+import csv
+import io
 import re
+import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -96,6 +100,33 @@ def without_nul(value: Any) -> Any:
     if isinstance(value, list):
         return [without_nul(item) for item in value]
     return value
+
+
+class CsvProblem(ValueError):
+    """A CSV that cannot be read further: the line its bad record starts on, and why."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+        self.reason = reason
+
+
+def csv_records(text: str, delimiter: str = ",") -> Iterator[tuple[int, list[str]]]:
+    """Each record of a CSV text with the line it starts on (a quoted field may hold line breaks).
+
+    Strict: an unclosed quote raises CsvProblem at its record's first line, where a lenient reader would
+    read the rest of the file into one field. The text is one stream, so quoted line breaks are kept.
+    """
+    csv.field_size_limit(sys.maxsize)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    ended = 0  # the line the last record read ended on
+    try:
+        for record in reader:
+            yield ended + 1, record
+            ended = reader.line_num
+    except csv.Error as exc:
+        reason = "a quoted field is never closed" if str(exc) == "unexpected end of data" else str(exc)
+        raise CsvProblem(ended + 1, reason) from None
 
 
 def embedding_text(title: str, chunk: str) -> str:

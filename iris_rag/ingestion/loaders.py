@@ -5,12 +5,9 @@ Each yields documents or errors; one file that cannot be read or parsed never st
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import os
 import stat
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,6 +17,7 @@ from typing import Any
 import orjson
 
 from iris_rag.ingestion.formats import EXTRACTORS, FormatError
+from iris_rag.text import CsvProblem, csv_records
 
 TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
@@ -245,27 +243,24 @@ def _jsonl_documents(path: Path, text: str) -> Iterator[SourceDocument | SourceE
 
 
 def _csv_documents(path: Path, text: str, columns: CsvColumns) -> Iterator[SourceDocument | SourceError]:
-    csv.field_size_limit(sys.maxsize)
-    # The text as one stream keeps a quoted field's line breaks; strict: an unclosed quote is an error, not
-    # the rest of the file read into one field.
-    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
-    ended = 0  # the line the last record read ended on
+    header: list[str] | None = None
     try:
-        fieldnames = reader.fieldnames
-        if fieldnames is None or columns.text not in fieldnames:
-            found = ", ".join(fieldnames or [])
-            yield SourceError(
-                str(path), f"no text column {columns.text!r} (columns: {found}); pass --text-column"
-            )
-            return
-        ended = reader.line_num
-        for row in reader:
-            number, ended = ended + 1, reader.line_num
-            yield _csv_row(path, number, row, columns)
-    except csv.Error as exc:
-        unclosed = str(exc) == "unexpected end of data"
-        what = "a quoted field is never closed" if unclosed else str(exc)
-        yield SourceError(f"{path}:{ended + 1}", f"{what}; the rows from here on were not read")
+        for number, record in csv_records(text):
+            if header is None:
+                header = record
+                if columns.text not in header:
+                    break
+            elif record:  # a blank line is no record
+                row = {name: record[i] if i < len(record) else None for i, name in enumerate(header)}
+                yield _csv_row(path, number, row, columns)
+    except CsvProblem as problem:
+        yield SourceError(f"{path}:{problem.line}", f"{problem.reason}; the rows from here on were not read")
+        return
+    if header is None or columns.text not in header:
+        found = ", ".join(header or [])
+        yield SourceError(
+            str(path), f"no text column {columns.text!r} (columns: {found}); pass --text-column"
+        )
 
 
 def _csv_row(

@@ -8,10 +8,7 @@ module decides types, names and columns; the backend stores them.
 
 from __future__ import annotations
 
-import csv
-import io
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime
@@ -30,7 +27,7 @@ from iris_rag.techniques.sqlrag.storage import (
     TableInfo,
     ViewSpec,
 )
-from iris_rag.text import without_nul
+from iris_rag.text import CsvProblem, csv_records, without_nul
 
 TABLE_PREFIX = "t_"
 VIEW_PREFIX = "documents_"
@@ -204,36 +201,26 @@ def _invalid(message: str, errors: list[str] | None = None) -> InvalidParameters
 
 def parse_csv(text: str, *, delimiter: str | None = None) -> RawTable:
     """CSV with a header row; the delimiter (',', tab, ';' or '|') is the one the header uses most."""
-    csv.field_size_limit(sys.maxsize)
     if delimiter is None:
         first_line = next((line for line in text.splitlines() if line.strip()), "")
         counts = {d: first_line.count(d) for d in (",", "\t", ";", "|")}
         delimiter = max(counts, key=lambda d: counts[d]) if any(counts.values()) else ","
-    # strict: an unclosed quote is an error, not the rest of the file read into one cell.
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     headers: list[str] | None = None
     rows: list[list[Any]] = []
     errors: list[str] = []
-    ended = 0  # the line the last record read ended on
     try:
-        for record in reader:
-            ended = reader.line_num
+        for line, record in csv_records(text, delimiter):
             if not any(cell.strip() for cell in record):
                 continue
             if headers is None:
                 headers = [cell.strip() or f"column_{i + 1}" for i, cell in enumerate(record)]
                 continue
             if len(record) > len(headers):
-                errors.append(f"line {reader.line_num}: {len(record)} fields, the header has {len(headers)}")
+                errors.append(f"line {line}: {len(record)} fields, the header has {len(headers)}")
                 continue
             rows.append(record + [None] * (len(headers) - len(record)))
-    except csv.Error as exc:
-        unclosed = str(exc) == "unexpected end of data"
-        errors.append(
-            f"line {ended + 1}: a quoted field is never closed"
-            if unclosed
-            else f"line {reader.line_num}: {exc}"
-        )
+    except CsvProblem as problem:
+        errors.append(str(problem))
     if errors:
         msg = f"the CSV has {len(errors)} malformed rows (first: {errors[0]}); fix them and ingest again"
         raise _invalid(msg, errors[:10])
