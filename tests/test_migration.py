@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from iris_rag.errors import CollectionNotFoundError, InvalidParametersError
 from iris_rag.migration import StoreSpec, migrate
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from iris_rag.stores.base import ChunkInput, DocumentInput
 from iris_rag.techniques.colbert.storage import TokenVectorStorage
 from iris_rag.techniques.graphrag.storage import KnowledgeGraphStorage
 from iris_rag.techniques.noderag.storage import NodeTreeStorage
@@ -378,3 +380,47 @@ def test_rows_the_target_cannot_hold_are_refused_or_left_behind_when_told(
             target.close()
     finally:
         origin.close()
+
+
+def test_a_document_rewritten_while_it_is_copied_arrives_whole_old_or_whole_new(
+    source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process rewrites a document between migrate's read of it and of its chunks.
+
+    The document and its chunks come from one read snapshot, so the copy is the document as it was,
+    never its old text with the new chunks.
+    """
+    path = tmp_path / "source.sqlite3"
+    with sqlite3.connect(source.path) as original, sqlite3.connect(path) as copy:
+        original.backup(copy)
+    origin, writer, target = SqliteStore(path), SqliteStore(path), SqliteStore(tmp_path / "target.sqlite3")
+    old = origin.get_document("docs", "aspirin")
+    assert old is not None
+    new_text = "Rewritten meanwhile. " * 3
+    rewrite = DocumentInput(
+        "aspirin",
+        "new title",
+        new_text,
+        {},
+        [ChunkInput(0, new_text, 0, len(new_text), np.ones(384, np.float32))],
+    )
+    get_document = origin.get_document
+
+    def rewritten_after_the_read(collection_id: str, document_id: str) -> Any:
+        document = get_document(collection_id, document_id)
+        if document_id == "aspirin":
+            writer.upsert_documents("docs", [rewrite])  # another connection: commits now
+        return document
+
+    monkeypatch.setattr(origin, "get_document", rewritten_after_the_read)
+    try:
+        migrate(origin, target, ["docs"])
+        copied = target.get_document("docs", "aspirin")
+        assert copied is not None and copied.content == old.content
+        chunks = target.get_document_chunks("docs", "aspirin")
+        assert chunks and all(c.content in old.content for c in chunks)
+        landed = get_document("docs", "aspirin")  # the rewrite did land in the source
+        assert landed is not None and landed.content == new_text
+    finally:
+        for store in (origin, writer, target):
+            store.close()
