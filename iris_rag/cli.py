@@ -456,6 +456,24 @@ def _idle_embedder(settings: Settings) -> Embedder:
     return Embedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
 
 
+def _serving_only_evaluated(settings: Settings, requested: str) -> Settings:
+    """For eval: serve only the techniques it scores, so only their indexes are built and waited for.
+
+    `--techniques basic` on a large corpus would otherwise wait for GraphRAG's, NodeRAG's and ColBERT's
+    index builds too. Left as configured for `all`, or when a name is unknown (the error then lists every
+    technique); an index left unbuilt is built by a later eval that scores its technique.
+    """
+    from iris_rag.evaluation.techniques import VARIANTS
+    from iris_rag.techniques.registry import PIPELINES
+
+    names = [name.strip() for name in requested.split(",") if name.strip()]
+    bases = list(dict.fromkeys(VARIANTS[name][0] if name in VARIANTS else name for name in names))
+    served = settings.served_techniques or list(PIPELINES)
+    if requested.strip() == "all" or not bases or any(base not in served for base in bases):
+        return settings
+    return settings.model_copy(update={"techniques": ",".join(bases)})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line."""
     args = build_parser().parse_args(argv)
@@ -479,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:  # one line naming the variable, not pydantic's dump of the environment
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.command == "eval":
+        settings = _serving_only_evaluated(settings, args.techniques)
     # Only commands that embed need the model loaded; `health --quick` must stay light.
     embedder = None if args.command != "health" or not args.quick else _idle_embedder(settings)
     try:

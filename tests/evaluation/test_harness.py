@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from iris_rag.cli import build_parser, cmd_eval
+from iris_rag.backends.sqlite.store import SqliteStore
+from iris_rag.cli import build_parser, cmd_eval, main
 from iris_rag.embedder import Embedder
 from iris_rag.errors import InvalidParametersError, PipelineNotFoundError
 from iris_rag.evaluation.collection import collection_name
@@ -17,6 +18,9 @@ from iris_rag.pipeline import NoParams, Pipeline, QueryOptions, Retrieval, Retri
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, StoredChunk
+from iris_rag.techniques.colbert.storage import TokenVectorStorage
+from iris_rag.techniques.graphrag.storage import KnowledgeGraphStorage
+from iris_rag.techniques.noderag.storage import NodeTreeStorage
 from tests.conftest import DOCUMENTS
 from tests.evaluation.conftest import write_beir
 
@@ -174,3 +178,34 @@ def test_an_index_missing_from_the_collection_is_built_before_its_technique_runs
         assert json.loads(out.read_text(encoding="utf-8"))["techniques"]["colbert"]["ndcg@10"] == 1.0
     finally:
         full.close()
+
+
+def test_eval_builds_only_the_indexes_of_the_techniques_it_scores(
+    obvious: Path, tmp_path: Path, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--techniques keyword` on a large corpus must not wait for GraphRAG's, NodeRAG's, ColBERT's builds."""
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("RAG_TECHNIQUES", raising=False)
+    monkeypatch.setenv("INDEX_BUILD", "background")  # the default: the builder fills what an index lacks
+    monkeypatch.setattr("iris_rag.service.create_encoder", lambda _settings: embedder)
+
+    def indexed() -> list[int]:
+        store = SqliteStore(tmp_path / "data" / "iris_rag.sqlite3")
+        try:
+            return [
+                store.technique_storage(KnowledgeGraphStorage).indexed_documents("eval-obvious"),
+                store.technique_storage(NodeTreeStorage).indexed_documents("eval-obvious"),
+                store.technique_storage(TokenVectorStorage).indexed_documents("eval-obvious"),
+            ]
+        finally:
+            store.close()
+
+    assert main(["eval", "--dataset", str(obvious), "--techniques", "keyword,basic"]) == 0
+    assert indexed() == [0, 0, 0]
+    # A later eval of a technique with an index builds it for the documents already there.
+    assert (
+        main(["eval", "--dataset", str(obvious), "--techniques", "graphrag", "--out", str(tmp_path / "r")])
+        == 0
+    )
+    assert indexed() == [3, 0, 0]
+    assert json.loads((tmp_path / "r").read_text(encoding="utf-8"))["documents_ingested"] == 0
