@@ -334,6 +334,8 @@ class Pipeline(ABC):
                 "technique_specific": retrieval.technique_specific,
             },
         }
+        if not options.include_sources:  # so a reader can tell "left out" from "nothing retrieved"
+            response["metadata"]["sources_omitted"] = len(documents)
         if filter_report is not None:
             response["metadata"]["filters"] = filter_report
         if error is not None:

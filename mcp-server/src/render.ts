@@ -79,7 +79,13 @@ export function renderTechniqueResult(result: JsonObject): string {
     (s) =>
       `[${s.citation}] ${s.title || "(untitled)"} | document ${s.documentId} | chunks ${s.chunkIds.join(", ")} | score ${s.score.toFixed(3)}\n    ${s.snippet}`,
   );
-  const body = found.length > 0 ? lines.join("\n") : "(no passages retrieved)";
+  const omitted = typeof metadata.sources_omitted === "number" ? metadata.sources_omitted : null;
+  const body =
+    found.length > 0
+      ? lines.join("\n")
+      : omitted !== null
+        ? `(${omitted} passages retrieved, left out: options.include_sources is false)`
+        : "(no passages retrieved)";
   return `${answer}${steps(result.cot_steps)}\n\n${header}\n${body}${indexNote(metadata)}`;
 }
 

@@ -56,6 +56,10 @@ def test_top_k_min_similarity_include_sources_and_generate(loaded_service: RagSe
     assert "Nothing relevant was found" in str(nothing["answer"])
     hidden = ask(loaded_service, "aspirin", options={"include_sources": False})
     assert hidden["retrieved_documents"] == [] and "[1]" in str(hidden["answer"])
+    shown = ask(loaded_service, "aspirin")
+    # Left out, which a reader must tell from "nothing retrieved".
+    assert hidden["metadata"]["sources_omitted"] == len(shown["retrieved_documents"]) > 0
+    assert "sources_omitted" not in shown["metadata"]
     evidence = ask(loaded_service, "aspirin", options={"generate": False})
     assert evidence["answer"] is None
     assert evidence["metadata"]["answer_source"] == "none"

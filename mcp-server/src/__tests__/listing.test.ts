@@ -123,6 +123,18 @@ describe("a technique result's text", () => {
     assert.match(text, /no passages retrieved/);
   });
 
+  it("says passages were left out, not that none were retrieved, under include_sources false", () => {
+    const text = renderTechniqueResult({
+      technique: "basic",
+      answer: "A [1] B [2]",
+      retrieved_documents: [],
+      metadata: { sources_omitted: 2 },
+      performance: {},
+    });
+    assert.match(text, /\(2 passages retrieved, left out: options\.include_sources is false\)/);
+    assert.ok(!text.includes("no passages retrieved"));
+  });
+
   it("shows options.cot_steps after the answer, labelled by source, each step with its chunk ids", () => {
     const base = { technique: "basic", answer: "A [1]", retrieved_documents: [], metadata: {}, performance: {} };
     const extractive = renderTechniqueResult({
