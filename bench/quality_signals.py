@@ -41,12 +41,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag.backends.common.bm25 import K1, B, query_stems, tokenize
+from iris_rag.backends.common.bm25 import query_stems, tokenize
 from iris_rag.evaluation.beir import Qrels, load_beir
 from iris_rag.evaluation.metrics import score_queries
 from iris_rag.retrieval.fusion import WeightedLeg, weighted_sum
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.settings import Settings
+from iris_rag.stores.base import BM25_B as B
+from iris_rag.stores.base import BM25_K1 as K1
 from iris_rag.text import embedding_text, query_terms, split_sentences
 
 Floats = npt.NDArray[np.float64]

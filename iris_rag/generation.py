@@ -164,7 +164,7 @@ class ExtractiveGenerator:
             # Quoting the closest sentences would pass unrelated text off as an answer.
             closest = "; ".join(f"[{p.citation}] {p.title or p.document_id}" for p in _by_citation(passages))
             answer = (
-                "Nothing relevant was found: no passage in the collection is close to this question "
+                "Nothing relevant was found: no retrieved passage is close to this question "
                 f"(best similarity {best:.2f}, below {RELEVANCE_FLOOR}), so there is no answer to quote. "
                 f"The closest passages, probably unrelated: {closest}"
             )

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 # flat: one BM25 over title and content together (one document length). multifield: each field's own BM25
 # (own IDF and length normalization), combined as best field + 0.5 x the other (Elasticsearch best_fields).
 KeywordScoring = Literal["flat", "multifield"]
+MULTIFIELD_OTHER_SHARE = 0.5
+
+# BM25 as every backend scores it: SQLite FTS5's bm25(), which the others compute alike from their postings.
+# A term in half the chunks or more has ln((N - n + 0.5) / (n + 0.5)) <= 0; FTS5 gives it this IDF instead.
+BM25_K1 = 1.2
+BM25_B = 0.75
+BM25_IDF_FLOOR = 1e-6
 
 T = TypeVar("T")
 
@@ -47,6 +54,24 @@ class KeywordQuery:
     ) -> KeywordQuery:
         """Every term once."""
         return cls(dict.fromkeys(terms, 1), title_weight, scoring)
+
+    def floor_score(self) -> float:
+        """The most a chunk scores when only terms held by half the chunks or more match it.
+
+        Each such term adds at most its floored IDF times k1 + 1 (the term-frequency part's limit; flat BM25
+        weighs the title inside it), per field under multifield, whose title score is scaled by title_weight.
+        A score this low is no evidence, yet divided by the best such score it would weigh as much as a real
+        match.
+        """
+        fields = 1.0
+        if self.scoring == "multifield":
+            fields = (1 + MULTIFIELD_OTHER_SHARE) * max(1.0, self.title_weight)
+        return BM25_IDF_FLOOR * (BM25_K1 + 1) * sum(self.terms.values()) * fields
+
+    def with_evidence(self, hits: list[ScoredChunk]) -> list[ScoredChunk]:
+        """The hits some term held by fewer than half the chunks matched (score above floor_score)."""
+        floor = self.floor_score()
+        return [hit for hit in hits if hit.score > floor]
 
 
 @dataclass(frozen=True, slots=True)

@@ -500,8 +500,11 @@ class CragPipeline(Pipeline):
         vector = self.context.embedder.encode_query(query)
         dense = store.vector_search(collection.id, vector, pool, metadata_filter)
         terms = query_terms(query)
+        keyword_query = KeywordQuery.of(terms)
         keyword_hits = (
-            store.keyword_search(collection.id, KeywordQuery.of(terms), pool, metadata_filter)
+            keyword_query.with_evidence(
+                store.keyword_search(collection.id, keyword_query, pool, metadata_filter)
+            )
             if terms
             else []
         )
@@ -627,8 +630,11 @@ class CragPipeline(Pipeline):
         """The second pass: the corrected query's dense and keyword legs, the first pass by the verdict."""
         store = self.context.store
         weights = LEG_WEIGHTS[verdict]
+        keyword_query = keywords.keyword_query()
         keyword_hits = (
-            store.keyword_search(collection.id, keywords.keyword_query(), pool, metadata_filter)
+            keyword_query.with_evidence(
+                store.keyword_search(collection.id, keyword_query, pool, metadata_filter)
+            )
             if keywords.weights
             else []
         )

@@ -185,6 +185,11 @@ class HybridIFindPipeline(Pipeline):
         title_weight = params.keyword_boost if "title" in params.keyword_boost_fields else 1.0
         query = KeywordQuery.of(terms, title_weight, params.keyword_scoring)
         hits = store.keyword_search(collection_id, query, pool, metadata_filter)
+        if params.vector_weight > 0:
+            # A chunk only terms in half the chunks or more matched ("my" in a small FAQ) has no keyword
+            # evidence; divided by the best such score it would outweigh the dense leg. Alone, the keyword
+            # leg keeps them: BM25's order is all there is (a one-chunk collection's terms are all floored).
+            hits = query.with_evidence(hits)
         metadata_fields = [f for f in params.keyword_boost_fields if f != "title"]
         if not metadata_fields or not hits:
             return hits

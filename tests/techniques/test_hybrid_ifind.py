@@ -8,7 +8,7 @@ from iris_rag.backends.sqlite.store import match_expression
 from iris_rag.errors import InvalidParametersError
 from iris_rag.retrieval.keyword import repair_terms
 from iris_rag.service import RagService
-from iris_rag.stores.base import KeywordQuery
+from iris_rag.stores.base import KeywordQuery, ScoredChunk
 from iris_rag.text import query_terms
 from tests.conftest import DOCUMENTS
 
@@ -175,3 +175,50 @@ def test_keyword_index_follows_replace_and_delete(hybrid_service: RagService) ->
     assert hybrid(hybrid_service, "glaciers", keyword_only)["retrieved_documents"] == []
     dense = hybrid(hybrid_service, "glaciers", {"vector_weight": 1.0, "keyword_weight": 0.0}, top_k=5)
     assert "volcano" not in ids(dense)
+
+
+FAQ = [
+    ("faq01", "How do I reset my password?", "Go to Settings > Account > Reset password. We email a link."),
+    ("faq02", "Can I change my username?", "Usernames can be changed once every 30 days under Settings."),
+    ("faq03", "What payment methods do you accept?", "We accept Visa, Mastercard, PayPal and SEPA debit."),
+    ("faq04", "How do I cancel my subscription?", "Open Billing > Subscription and press Cancel."),
+    ("faq05", "Do you offer refunds?", "Refunds are available within 14 days of purchase."),
+    ("faq06", "Is my data encrypted?", "All data is encrypted at rest with AES-256 and in transit with TLS."),
+    ("faq07", "Do you support two-factor authentication?", "Enable 2FA under Settings > Security."),
+    ("faq08", "Where are your servers located?", "Our servers are in Frankfurt and Dublin."),
+    ("faq09", "How do I export my data?", "Use Settings > Privacy > Export to download a ZIP of your files."),
+    ("faq10", "How do I delete my account?", "Settings > Privacy > Delete account removes your account."),
+    ("faq11", "What are your support hours?", "Support is available Monday to Friday, 9:00 to 18:00 CET."),
+    ("faq12", "Is there a mobile app?", "Our app is available for iOS and Android."),
+]
+
+
+def test_terms_in_half_the_chunks_are_no_keyword_evidence(service: RagService) -> None:
+    """'my' is in 7 of 12 FAQ entries, the only query term BM25 finds: FTS5 floors its IDF at 1e-6.
+
+    Divided by the best such score, those near-zero scores weighed as much as a real match and pushed the
+    refunds entry, the dense leg's clear first, out of the top 3.
+    """
+    documents = [{"id": i, "title": t, "content": c} for i, t, c in FAQ]
+    service.ingest({"collection_id": "faq", "documents": documents})
+    arguments = {"query": "can I get my money back", "collection_id": "faq", "options": {"top_k": 3}}
+    basic = service.execute({"technique": "basic", "arguments": arguments})
+    assert ids(basic)[0] == "faq05"
+    result = service.execute({"technique": "hybrid_ifind", "arguments": arguments})
+    assert ids(result)[0] == "faq05"
+    assert result["metadata"]["technique_specific"]["keyword_candidates"] == 0
+    # A real match still counts: "refunds" is in one entry.
+    refunds = {**arguments, "query": "refunds for my order"}
+    found = service.execute({"technique": "hybrid_ifind", "arguments": refunds})
+    assert ids(found)[0] == "faq05"
+    assert found["retrieved_documents"][0]["score_details"]["keyword_score"] > 0.1
+    assert found["metadata"]["technique_specific"]["keyword_candidates"] == 1
+
+
+def test_the_evidence_floor_bounds_what_common_terms_alone_can_score() -> None:
+    flat = KeywordQuery({"my": 1, "account": 2}, title_weight=2.0)
+    assert flat.floor_score() == pytest.approx(1e-6 * 2.2 * 3)
+    multifield = KeywordQuery({"my": 1}, title_weight=2.0, scoring="multifield")
+    assert multifield.floor_score() == pytest.approx(1e-6 * 2.2 * 1.5 * 2.0)
+    hits = [ScoredChunk("a#0", 0.7), ScoredChunk("b#0", 5e-6), ScoredChunk("c#0", 1e-6)]
+    assert [h.chunk_id for h in flat.with_evidence(hits)] == ["a#0"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-K1 = 1.2
-B = 0.75
+from iris_rag.stores.base import BM25_B, BM25_IDF_FLOOR, BM25_K1, MULTIFIELD_OTHER_SHARE
+
 # Chunk scores are summed over the row range (a bincount) when it spans under this many rows a posting.
 DENSE_SPAN_PER_POSTING = 4
 
@@ -118,8 +118,8 @@ class Totals:
 
 
 def _idf(rows: int, hits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """FTS5's IDF: ln((N - n + 0.5) / (n + 0.5)), at least 1e-6."""
-    return np.maximum(np.log((rows - hits + 0.5) / (hits + 0.5)), 1e-6)
+    """FTS5's IDF: ln((N - n + 0.5) / (n + 0.5)), at least BM25_IDF_FLOOR."""
+    return np.maximum(np.log((rows - hits + 0.5) / (hits + 0.5)), BM25_IDF_FLOOR)
 
 
 def _bm25(
@@ -129,8 +129,8 @@ def _bm25(
     idf: npt.NDArray[np.float64],
 ) -> npt.NDArray[np.float64]:
     """Each posting's BM25 term (k1 1.2, b 0.75), as FTS5's bm25 computes it; 0 where tf is 0."""
-    norm = K1 * (1 - B + B * length / average_length) if average_length > 0 else K1
-    return np.where(tf > 0, idf * (tf * (K1 + 1)) / (tf + norm), 0.0)
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * length / average_length) if average_length > 0 else BM25_K1
+    return np.where(tf > 0, idf * (tf * (BM25_K1 + 1)) / (tf + norm), 0.0)
 
 
 def _per_chunk(
@@ -337,7 +337,7 @@ def combine_parts(
     """The score from its parts: their sum (flat), max + 0.5 x min (multifield); rising in both."""
     if scoring == "flat":
         return title + content
-    return np.maximum(title, content) + 0.5 * np.minimum(title, content)
+    return np.maximum(title, content) + MULTIFIELD_OTHER_SHARE * np.minimum(title, content)
 
 
 def bm25_bounds(
@@ -349,7 +349,7 @@ def bm25_bounds(
     and length; a field no chunk has the term in adds nothing. A hair above, against rounding.
     """
     title_idf, content_idf = _term_idfs(counts, totals, scoring)
-    most = weights * (K1 + 1) * (1 + 1e-9)
+    most = weights * (BM25_K1 + 1) * (1 + 1e-9)
     if scoring == "flat":
         return np.zeros(len(weights)), most * content_idf
     title = np.where(counts.title_chunks > 0, title_weight * most * title_idf, 0.0)

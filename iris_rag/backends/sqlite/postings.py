@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag.backends.common.bm25 import K1, B
 from iris_rag.stores.appended import Column, extended
+from iris_rag.stores.base import BM25_B, BM25_IDF_FLOOR, BM25_K1
 
 # One posting in a chunk_terms blob: (term id, title count, content count), int32 each.
 POSTING_FIELDS = 3
@@ -366,10 +366,11 @@ class KeywordPostings:
         hits = slots.size
         idf = math.log((self.live_count - hits + 0.5) / (hits + 0.5))
         if idf <= 0.0:
-            idf = 1e-6
+            idf = BM25_IDF_FLOOR
         frequency = _weighted_counts(title, content, title_weight)
         length = self.lengths[slots]
-        return idf * ((frequency * (K1 + 1.0)) / (frequency + K1 * (1 - B + B * length / average)))
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * length / average)
+        return idf * ((frequency * (BM25_K1 + 1.0)) / (frequency + norm))
 
 
 def _weighted_counts(title: Counts, content: Counts, title_weight: float) -> npt.NDArray[np.float64]:

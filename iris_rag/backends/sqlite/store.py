@@ -20,13 +20,16 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from iris_rag.backends.common.bm25 import K1, token_counts, tokenize
+from iris_rag.backends.common.bm25 import token_counts, tokenize
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.sqlite.filters import json_path, register_functions, to_sql
 from iris_rag.backends.sqlite.postings import KeywordPostings, PostingRow, encode
 from iris_rag.backends.sqlite.vectors import Batch, VectorMatrix
 from iris_rag.cancellation import check_cancelled
 from iris_rag.stores.base import (
+    BM25_IDF_FLOOR,
+    BM25_K1,
+    MULTIFIELD_OTHER_SHARE,
     CallRecord,
     ChunkInput,
     CollectionInfo,
@@ -1338,9 +1341,9 @@ class SqliteStore:
                 terms.append((phrase, math.inf, 0))
                 continue
             hits = counts.get(tokens[0], 0)
-            idf = max(math.log((chunks - hits + 0.5) / (hits + 0.5)), 1e-6)
+            idf = max(math.log((chunks - hits + 0.5) / (hits + 0.5)), BM25_IDF_FLOOR)
             terms.append(
-                (phrase, weight * idf * (K1 + 1) * (1 + PRUNE_BOUND_SLACK) + PRUNE_BOUND_SLACK, hits)
+                (phrase, weight * idf * (BM25_K1 + 1) * (1 + PRUNE_BOUND_SLACK) + PRUNE_BOUND_SLACK, hits)
             )
         terms.sort(key=lambda term: -term[1])
         return terms
@@ -1418,7 +1421,7 @@ class SqliteStore:
             combined[rowid] = score
         for rowid, score in title.items():
             t, c = title_weight * score, content.get(rowid, 0.0)
-            combined[rowid] = max(t, c) + 0.5 * min(t, c)
+            combined[rowid] = max(t, c) + MULTIFIELD_OTHER_SHARE * min(t, c)
         best = heapq.nsmallest(top_k, combined.items(), key=lambda item: (-item[1], item[0]))
         if not best:
             return []
