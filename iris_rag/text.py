@@ -18,10 +18,47 @@ from typing import Any
 
 import snowballstemmer
 
-# A sentence ends at . ! ? (optionally followed by a closing quote or bracket) before whitespace and an
-# uppercase letter, digit or opening quote/bracket; blank lines always end one. Abbreviations such as
-# "e.g." followed by a lowercase word are therefore not split.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[A-Z0-9\"'(\[])|\n\s*\n")
+# A sentence ends at . ! ? and the closing quotes or brackets after it, before whitespace and what starts a
+# sentence: an uppercase letter (of any script), a letter of a script without case (Chinese, Arabic...), a
+# digit, an opening quote or bracket. The regex takes any non-ASCII character after the whitespace as a
+# candidate and _starts_sentence keeps the letters that are not lowercase. A "." ends no sentence after a
+# known abbreviation ("Dr. Smith", "e.g. Paris", "No. 5") nor after a day number before a month name
+# ("9. November", "31. Juli"); other numbers end one ("in 1989. The", "group 2. However"). "e.g." before a
+# lowercase word never did. The Chinese and Japanese full stop, exclamation and question marks (and a
+# full-width full stop not before a digit) end one with no whitespace after them, as those languages write
+# them. A blank line always ends one.
+# (Escaped: ruff flags full-width and curly characters in source.) Closing: right double and single quotes,
+# right guillemet, CJK corner and white corner brackets, full-width parenthesis, black lenticular, tortoise
+# shell, angle and double angle brackets. Opening: their left forms, low double quote, inverted ? and !.
+_CLOSERS = "\"')\\]\u201d\u2019\u00bb\u300d\u300f\uff09\u3011\u3015\u3009\u300b"
+_OPENERS = "\u201c\u2018\u00ab\u201e\u00bf\u00a1\u300c\u300e\uff08\u3010"
+_CJK_STOPS = "\u3002\uff01\uff1f\uff61"  # ideographic full stop, full-width ! and ?, half-width full stop
+_FULL_WIDTH_STOP = "\uff0e"
+_SENTENCE_END = re.compile(
+    rf"(?=[.!?{_CJK_STOPS}{_FULL_WIDTH_STOP}\n])(?:"  # (a leading class lets the regex engine skip ahead)
+    rf"[.!?][{_CLOSERS}]*(?=\s+(?P<next>[A-Z0-9\"'(\[]|[^\x00-\x7f]))"
+    rf"|(?:[{_CJK_STOPS}]|{_FULL_WIDTH_STOP}(?![0-9\uff10-\uff19]))+[{_CLOSERS}]*"
+    r"|\n\s*\n)"
+)
+# Never the end of a sentence (case-sensitive: "No." and "Ca." can end one). Not "etc." nor "usw.": they
+# end sentences as often as not ("... genome, etc. Here, we describe" in SciFact).
+_ABBREVIATIONS = frozenset(
+    (
+        "Dr Drs Mr Mrs Ms Prof St Jr Sr Fig Figs fig figs Eq Eqs eq eqs Ref Refs ref refs Vol Vols vol vols "
+        "pp vs cf Cf approx ca e.g E.g i.e I.e viz Nr bzw vgl Vgl z.B Z.B d.h D.h"
+    ).split()
+)
+# Not the end of a sentence before a number or a bracket: "No. 5", "p. 12", "Jan. 5", "et al. (2019)"; but
+# "... proposed by Smith et al. A second ..." is.
+_NUMBER_ABBREVIATIONS = frozenset(
+    "No Nos no nos p al Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec".split()
+)
+_LONGEST_ABBREVIATION = max(len(a) for a in _ABBREVIATIONS | _NUMBER_ABBREVIATIONS)
+# English and German month names after a day number, as German writes dates: "am 9. November".
+_MONTH = re.compile(
+    r"\s+(?:January|Januar|J\u00e4nner|February|Februar|March|M\u00e4rz|April|May|Mai|June|Juni|July|Juli"
+    r"|August|September|October|Oktober|November|December|Dezember)\b"
+)
 _TERM = re.compile(r"\w+", re.UNICODE)
 # A snowball stemmer keeps the word it is working on in the object: one per thread, or two worker threads
 # stemming at once corrupt each other's word (wrong stems, IndexError).
@@ -52,10 +89,28 @@ def split_sentences(text: str) -> list[Span]:
     spans: list[Span] = []
     position = 0
     for match in _SENTENCE_END.finditer(text):
-        _append_stripped(spans, text, position, match.start())
+        following = match.start("next")
+        if following >= 0 and not _starts_sentence(text, match.start(), following):
+            continue
+        _append_stripped(spans, text, position, match.end())
         position = match.end()
     _append_stripped(spans, text, position, len(text))
     return spans
+
+
+def _starts_sentence(text: str, stop: int, following: int) -> bool:
+    """Whether the . ! ? at `stop` ends a sentence, the next one starting at `following`."""
+    first = text[following]
+    if first >= "\x80" and not ((first.isalpha() and not first.islower()) or first in _OPENERS):
+        return False  # a lowercase letter ("é", Greek alpha) or a symbol ("©", "—")
+    if text[stop] != ".":
+        return True
+    # The word before the full stop: a window one longer than any abbreviation holds all of one.
+    words = text[max(0, stop - _LONGEST_ABBREVIATION - 1) : stop].split()
+    word = words[-1].lstrip(f"([\"'{_OPENERS}") if words else ""
+    if word in _ABBREVIATIONS or (word in _NUMBER_ABBREVIATIONS and (first.isdigit() or first in "([")):
+        return False
+    return not (len(word) <= 2 and word.isdigit() and _MONTH.match(text, stop + 1) is not None)
 
 
 def _append_stripped(spans: list[Span], text: str, start: int, end: int) -> None:

@@ -5,12 +5,18 @@ from __future__ import annotations
 from iris_rag.text import Span, split_sentences
 
 
-def _split_long(span: Span, size: int) -> list[Span]:
-    """Cut a sentence longer than the chunk size at whitespace (or hard, if there is none)."""
+def _split_long(span: Span, size: int, overlap: int) -> list[Span]:
+    """Cut a sentence longer than the chunk size at whitespace (or hard, if there is none).
+
+    Each piece repeats up to `overlap` characters of the one before, from a word's start where there is
+    one, as chunks of whole sentences repeat their last sentences: text without spaces or sentence ends
+    (a long URL, a table row, unsplittable text) loses no context at a cut. The repeat is at most half the
+    piece before, so every piece moves on.
+    """
     pieces: list[Span] = []
     start = 0
     text = span.text
-    while start < len(text):
+    while True:
         end = min(start + size, len(text))
         if end < len(text):
             cut = text.rfind(" ", start + size // 2, end)
@@ -19,8 +25,11 @@ def _split_long(span: Span, size: int) -> list[Span]:
         if piece:
             offset = span.start + start + (len(text[start:end]) - len(text[start:end].lstrip()))
             pieces.append(Span(piece, offset, offset + len(piece)))
-        start = end
-    return pieces
+        if end >= len(text):
+            return pieces
+        repeat = end - min(overlap, (end - start) // 2)
+        space = text.find(" ", repeat, end)
+        start = space + 1 if space >= 0 else repeat
 
 
 def chunk_text(text: str, *, size: int, overlap: int) -> list[Span]:
@@ -30,7 +39,7 @@ def chunk_text(text: str, *, size: int, overlap: int) -> list[Span]:
         raise ValueError(msg)
     sentences: list[Span] = []
     for sentence in split_sentences(text):
-        sentences.extend(_split_long(sentence, size) if len(sentence.text) > size else [sentence])
+        sentences.extend(_split_long(sentence, size, overlap) if len(sentence.text) > size else [sentence])
     chunks: list[Span] = []
     current: list[Span] = []
     for sentence in sentences:

@@ -6,7 +6,7 @@ from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
-from iris_rag.text import split_sentences
+from iris_rag.text import Span, split_sentences
 from tests.deadline import within
 
 TEXT = (
@@ -78,3 +78,48 @@ def test_the_ingestor_holds_a_call_to_the_chunking_settings_limits(
     with pytest.raises(InvalidParametersError, match=refused):
         within(30, lambda: service.ingestor.ingest("c", [document], chunk_size=size, chunk_overlap=overlap))
     assert service.list_collections({})["collections"] == []
+
+
+def _assert_overlapping_chunks(text: str, chunks: list[Span], size: int, overlap: int) -> None:
+    assert all(text[c.start : c.end] == c.text for c in chunks)
+    assert all(len(c.text) <= size for c in chunks)
+    assert chunks[0].start == 0
+    assert chunks[-1].end == len(text)
+    for before, after in itertools.pairwise(chunks):
+        assert 0 < before.end - after.start <= overlap, "consecutive chunks overlap, by at most the overlap"
+
+
+def test_chinese_text_is_chunked_on_sentences_with_overlap() -> None:
+    # "。" ends a sentence without whitespace after it: the chunks end on sentences and overlap by whole
+    # sentences (they were hard cuts every `size` characters, mid-word, without overlap).
+    text = "".join(f"第{i}段：这里讨论的是主题{i}，它和其他段落没有关系。" for i in range(120))  # noqa: RUF001
+    chunks = chunk_text(text, size=1000, overlap=150)
+    assert len(chunks) == 4
+    assert all(c.text.endswith("。") and c.text.startswith("第") for c in chunks)
+    _assert_overlapping_chunks(text, chunks, 1000, 150)
+
+
+def test_the_pieces_of_an_over_long_sentence_overlap() -> None:
+    # Text without a sentence end or a space is cut hard: its pieces repeat `overlap` characters as
+    # sentence-grouped chunks do.
+    text = "".join(chr(0x4E00 + i % 500) for i in range(3500))
+    chunks = chunk_text(text, size=1000, overlap=150)
+    _assert_overlapping_chunks(text, chunks, 1000, 150)
+    assert [c.start for c in chunks] == [0, 850, 1700, 2550]
+    # With spaces, a piece is cut at one and the next starts at a word within the overlap.
+    words = " ".join(f"w{i:04d}" for i in range(700))
+    chunks = chunk_text(words, size=1000, overlap=150)
+    _assert_overlapping_chunks(words, chunks, 1000, 150)
+    assert all(c.text.startswith("w") and words[c.start - 1] == " " for c in chunks[1:])
+    assert all(before.end - after.start >= 100 for before, after in itertools.pairwise(chunks))
+    # An overlap as large as the size still moves on.
+    chunks = within(10, lambda: chunk_text("x" * 1000, size=100, overlap=100))
+    assert all(len(c.text) <= 100 for c in chunks) and chunks[-1].end == 1000
+
+
+def test_german_dates_and_abbreviations_do_not_end_chunks() -> None:
+    text = " ".join(
+        ["Die Berliner Mauer fiel am 9. November 1989 und wurde von Dr. Schmidt beschrieben."] * 20
+    )
+    chunks = chunk_text(text, size=300, overlap=100)
+    assert all(c.text.startswith("Die Berliner Mauer") and c.text.endswith("beschrieben.") for c in chunks)
