@@ -36,6 +36,8 @@ def nothing_found(reason: str = NOTHING_RETRIEVED) -> str:
 # questions whose paper is not in the sample still 0.248 (median 0.461: topical, so quoted), off-topic
 # questions 0.154 at the median (docs/benchmarks.md, "Nothing relevant").
 RELEVANCE_FLOOR = 0.25
+# Under this many characters a one-word sentence is bare (a heading such as "Requirements").
+BARE_SENTENCE_CHARS = 20
 
 EXTRACTIVE_STEPS_NOTE = (
     "No LLM is configured: these steps are the evidence chain of the extractive answer (how its quoted "
@@ -131,6 +133,11 @@ def _terms(text: str) -> list[str]:
     return [t for t in query_terms(text) if len(t) > 1]
 
 
+def _bare(sentence: str) -> bool:
+    """One short word, no more: a heading or a bare reply (a long clause without spaces is not)."""
+    return len(sentence) < BARE_SENTENCE_CHARS and len(sentence.split()) < 2
+
+
 class ExtractiveGenerator:
     """Quotes the retrieved sentences that best match the query, each cited by its document."""
 
@@ -182,6 +189,10 @@ class ExtractiveGenerator:
             for passage in passages
             for position, sentence in enumerate(split_sentences(passage.content))
         ]
+        # A lone short word ("Requirements", a heading; "Yes.") answers nothing on its own; quoted only if
+        # nothing longer was retrieved.
+        longer = [c for c in candidates if not _bare(c[2])]
+        candidates = longer or candidates
         query_stems = {stem(t) for t in _terms(query)}
         sentence_stems = [{stem(t) for t in _terms(text)} for _, _, text in candidates]
         frequency = Counter(stem for stems in sentence_stems for stem in stems)

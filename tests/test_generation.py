@@ -214,3 +214,19 @@ def test_min_similarity_is_a_cosine_whatever_the_technique_scores(loaded_service
     kept = result["retrieved_documents"]
     assert [d["id"] for d in kept] == ["aspirin"]
     assert kept[0]["similarity_score"] < 0.1, "the RRF score itself is far below the threshold"
+
+
+def test_extractive_skips_a_bare_heading_while_a_sentence_answers() -> None:
+    """A DOCX's headings are sentences of their own: "Requirements" shares 'requir' with the question."""
+    passage = Passage(
+        1, "guide", "Guide", "Installation\n\nRequirements\n\nNode 20 or newer.\n\nRun npm ci.", 0.8
+    )
+    answer = ExtractiveGenerator(max_sentences=2).generate(
+        "Which Node version is required?", [passage], temperature=0, max_tokens=100
+    )
+    quoted = [line for line in answer.answer.splitlines() if line.startswith("- ")]
+    assert quoted[0] == "- Node 20 or newer. [1]"
+    assert not any("Requirements" in line or "Installation" in line for line in quoted)
+    alone = Passage(1, "faq", "FAQ", "Yes.", 0.8)  # nothing longer: quoted all the same
+    said = ExtractiveGenerator().generate("is there an app", [alone], temperature=0, max_tokens=100)
+    assert "- Yes. [1]" in said.answer
