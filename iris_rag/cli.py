@@ -15,8 +15,17 @@ from tqdm import tqdm
 
 from iris_rag.embedder import Embedder, resolve_model_path
 from iris_rag.errors import InvalidParametersError, RagError
-from iris_rag.ingestion.ingestor import CHUNKING_RANGES
-from iris_rag.ingestion.loaders import CsvColumns, SourceDocument, SourceError, iter_source
+from iris_rag.ingestion.ingestor import CHUNKING_RANGES, stored_id
+from iris_rag.ingestion.loaders import (
+    SUPPORTED_SUFFIXES,
+    CsvColumns,
+    SourceDocument,
+    SourceError,
+    UnreadableFolder,
+    find_files,
+    read_file,
+    shown,
+)
 from iris_rag.ingestion.sync import sync_folder
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
@@ -51,19 +60,46 @@ def _chunking_value(name: str) -> Callable[[str], int]:
 def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
     """Read PATH and ingest it batch by batch, a progress bar on stderr and a summary at the end."""
     source_errors: list[SourceError] = []
+    document_errors: list[dict[str, object]] = []
+    no_files = False
+
+    def skipped(item: SourceError) -> None:
+        source_errors.append(item)
+        tqdm.write(f"skipped {item.location}: {item.message}", file=sys.stderr)
 
     def documents() -> Iterator[SourceDocument]:
+        nonlocal no_files
         columns = CsvColumns(args.text_column, args.id_column, args.title_column)
-        for item in iter_source(Path(args.path), csv_columns=columns):
+        path = Path(args.path)
+        found = unlisted = 0
+        seen: set[str] = set()  # ids already read: a later record with one is reported, whatever its batch
+        for item in find_files(path):
             if isinstance(item, SourceError):
-                source_errors.append(item)
-                tqdm.write(f"skipped {item.location}: {item.message}", file=sys.stderr)
-            else:
-                yield item
+                unlisted += isinstance(item, UnreadableFolder)
+                skipped(item)
+                continue
+            found += 1
+            for read in read_file(item, csv_columns=columns):
+                if isinstance(read, SourceError):
+                    skipped(read)
+                elif (document_id := stored_id(read)) in seen:
+                    message = f"document id {document_id!r} appears more than once in this ingest"
+                    message += "; the first is kept"
+                    document_errors.append(
+                        {"index": None, "id": read.id, "code": "DUPLICATE_DOCUMENT_ID", "message": message}
+                    )
+                    tqdm.write(f"skipped document {read.id}: {message}", file=sys.stderr)
+                else:
+                    seen.add(document_id)
+                    yield read
+        if path.is_dir() and not found and not unlisted:
+            # As rag_ingest's NO_FILES: a folder of only .doc or .rtf files must not look like a success.
+            no_files = True
+            kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
+            tqdm.write(f"skipped {shown(path)}: no files of a supported type ({kinds})", file=sys.stderr)
 
     started = time.perf_counter()
     ingested = chunks = 0
-    document_errors: list[dict[str, object]] = []
     service.embedder.wait_ready()
     # Refused before any file is read: an overlap not under the size, which the options alone cannot tell.
     service.ingestor.chunking(args.chunk_size, args.chunk_overlap)
@@ -92,7 +128,7 @@ def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
         **({"core_seconds": round(core_elapsed, 2)} if service.index_builder is not None else {}),
     }
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
-    return 0 if ingested or not (source_errors or document_errors) else 1
+    return 0 if ingested or not (source_errors or document_errors or no_files) else 1
 
 
 def cmd_sync(args: argparse.Namespace, service: RagService) -> int:
@@ -113,7 +149,8 @@ def cmd_sync(args: argparse.Namespace, service: RagService) -> int:
     for error in report.errors:
         print(f"error {error.location}: {error.message}", file=sys.stderr)
     print(
-        f"sync {args.folder} -> {args.collection}{' (dry run)' if args.dry_run else ''}: {report.summary()}"
+        f"sync {shown(args.folder)} -> {args.collection}{' (dry run)' if args.dry_run else ''}: "
+        f"{report.summary()}"
     )
     return 1 if report.errors else 0
 
@@ -475,7 +512,16 @@ def _serving_only_evaluated(settings: Settings, requested: str) -> Settings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line."""
+    """Run the command line; Ctrl-C ends it with one line and status 130, not a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # An ingest's batches already committed stay; the one in progress is rolled back.
+        print("iris-rag: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "mcp":
         # The worker builds its own settings and store; this process only becomes the front end.

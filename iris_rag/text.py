@@ -142,6 +142,15 @@ def stem(term: str) -> str:
     return str(stemmer.stemWord(term))
 
 
+def is_utf8(text: str) -> bool:
+    """Whether the text can be stored: no lone surrogate (what Python keeps of a name's non-UTF-8 bytes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def without_nul(value: Any) -> Any:
     """The value with no NUL character in any of its strings (those in lists and mappings too).
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from iris_rag import cli
 from iris_rag.cli import build_parser
 from iris_rag.errors import InvalidParametersError
 from iris_rag.service import RagService
@@ -83,3 +84,88 @@ def test_delete_with_a_filter_that_is_not_json_names_the_option(loaded_service: 
     assert "line 1 column 2" in message
     assert "\n" not in message
     assert len(loaded_service.list_documents({"collection_id": "docs"})["documents"]) == 3
+
+
+def _ingest(service: RagService, path: Path, *options: str) -> int:
+    args = build_parser().parse_args(["ingest", str(path), "--collection", "c", *options])
+    code: int = args.handler(args, service)
+    return code
+
+
+def test_ingest_reports_a_file_name_that_is_not_utf8_and_ingests_the_rest(
+    service: RagService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "good.txt").write_text("A good file about the ocelot.", encoding="utf-8")
+    with open(os.fsencode(tmp_path) + b"/caf\xe9.txt", "wb") as handle:
+        handle.write(b"A Latin-1 named file about the quetzal.\n")
+    assert _ingest(service, tmp_path) == 0
+    out, err = capsys.readouterr()
+    summary = orjson.loads(out)
+    assert (summary["documents_ingested"], summary["files_skipped"]) == (1, 1)
+    assert f"skipped {tmp_path}/caf\\xe9.txt: file name is not valid UTF-8; rename it" in err
+
+
+def test_ingest_keeps_the_first_of_a_duplicate_id_whatever_the_batch(
+    service: RagService, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "INGEST_BATCH", 2)  # the two lines land in different batches
+    lines = ['{"_id": "far", "text": "First far."}']
+    lines += [f'{{"_id": "n{i}", "text": "Filler record {i}."}}' for i in range(3)]
+    lines += ['{"_id": "far", "text": "Second far."}', '{"text": "No id."}', '{"text": "No id."}']
+    (tmp_path / "far.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert _ingest(service, tmp_path / "far.jsonl") == 0
+    out, err = capsys.readouterr()
+    summary = orjson.loads(out)
+    assert (summary["documents_ingested"], summary["documents_skipped"]) == (5, 2)
+    assert "skipped document far: document id 'far' appears more than once in this ingest" in err
+    stored = service.store.get_document("c", "far")
+    assert stored is not None and stored.content == "First far."
+    assert len(service.store.document_ids("c")) == 5
+
+
+@pytest.mark.parametrize("names", [["report.doc", "notes.rtf"], []])
+def test_ingest_of_a_folder_without_supported_files_says_so_and_fails(
+    service: RagService, tmp_path: Path, capsys: pytest.CaptureFixture[str], names: list[str]
+) -> None:
+    for name in names:
+        (tmp_path / name).write_text("x", encoding="utf-8")
+    assert _ingest(service, tmp_path) == 1
+    out, err = capsys.readouterr()
+    assert orjson.loads(out)["documents_ingested"] == 0
+    assert f"skipped {tmp_path}: no files of a supported type (.csv, .docx" in err
+
+
+def test_ingest_says_a_symlinked_subfolder_is_not_followed(
+    service: RagService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "shared.txt").write_text("Shared note about the serval.", encoding="utf-8")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "local.txt").write_text("Local note about the caracal.", encoding="utf-8")
+    (tmp_path / "b" / "shared").symlink_to(tmp_path / "real", target_is_directory=True)
+    assert _ingest(service, tmp_path / "b") == 0
+    out, err = capsys.readouterr()
+    assert orjson.loads(out)["documents_ingested"] == 1
+    assert f"skipped {tmp_path / 'b' / 'shared'}: a symlink to a folder outside this one; not followed" in err
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Service:
+        def __init__(self, *_args: object, **_kwargs: object) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    def interrupted(_args: object, _service: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(cli, "RagService", Service)
+    monkeypatch.setattr(cli, "cmd_ingest", interrupted)
+    assert cli.main(["ingest", str(tmp_path), "--collection", "c"]) == 130
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == ["iris-rag: interrupted"]

@@ -28,7 +28,7 @@ from iris_rag.stores.base import (
     check_embedding_model,
 )
 from iris_rag.stores.technique_index import ChunkEncoding, ChunkEncodingSource, SpanPooling, TechniqueIndex
-from iris_rag.text import embedding_text, without_nul
+from iris_rag.text import embedding_text, is_utf8, without_nul
 
 MAX_ID_LENGTH = 256
 
@@ -190,7 +190,7 @@ class Ingestor:
                 title=without_nul(read.title),
                 metadata=without_nul(read.metadata),
             )
-            doc_id = document.id if document.id is not None else _content_id(document.content)
+            doc_id = stored_id(document)
             problem = self._problem(doc_id, document, seen)
             if problem is not None:
                 code, message = problem
@@ -285,6 +285,9 @@ class Ingestor:
             return "INVALID_DOCUMENT", "document id must not contain a NUL character"
         if doc_id in seen:
             return "DUPLICATE_DOCUMENT_ID", f"document id {doc_id!r} appears more than once in this call"
+        for name, text in (("document id", doc_id), ("title", document.title), ("content", document.content)):
+            if not is_utf8(text):  # a lone surrogate: a name or bytes that were not UTF-8, kept as they were
+                return "INVALID_DOCUMENT", f"{name} is not valid Unicode text (a lone surrogate)"
         if not document.content.strip():
             return "INVALID_DOCUMENT", "content is empty or only whitespace"
         if len(document.content) > self.settings.max_document_chars:
@@ -296,5 +299,12 @@ class Ingestor:
         return None
 
 
+def stored_id(document: SourceDocument) -> str:
+    """The id a document is stored under: its own, or one made from its content (NUL characters dropped)."""
+    if document.id is not None:
+        return document.id
+    return _content_id(without_nul(document.content))
+
+
 def _content_id(content: str) -> str:
-    return "doc-" + hashlib.sha256(content.encode("utf-8")).hexdigest()[:16]
+    return "doc-" + hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -5,6 +5,7 @@ Each yields documents or errors; one file that cannot be read or parsed never st
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import stat
@@ -17,11 +18,20 @@ from typing import Any
 import orjson
 
 from iris_rag.ingestion.formats import EXTRACTORS, FormatError
-from iris_rag.text import CsvProblem, csv_records
+from iris_rag.text import CsvProblem, csv_records, is_utf8
 
 TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
 _ESCAPING_LINK = "a symlink that leads outside the allowed folders; skipped"
+_LINKED_FOLDER = "a symlink to a folder outside this one; not followed (name that folder itself)"
+_NOT_UTF8_NAME = "file name is not valid UTF-8; rename it"
+# Text decoded by its byte order mark; UTF-32's come first (UTF-32 LE's begins with UTF-16 LE's).
+_BOMS = [
+    (codecs.BOM_UTF32_LE, "utf-32-le", "UTF-32"),
+    (codecs.BOM_UTF32_BE, "utf-32-be", "UTF-32"),
+    (codecs.BOM_UTF16_LE, "utf-16-le", "UTF-16"),
+    (codecs.BOM_UTF16_BE, "utf-16-be", "UTF-16"),
+]
 # Opened without waiting: a FIFO that took a file's place after its check must not hold the reader.
 _NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
 
@@ -38,10 +48,28 @@ class SourceDocument:
 
 @dataclass(frozen=True)
 class SourceError:
-    """A file or record that could not be read; reported, never fatal to the rest."""
+    """A file or record that could not be read; reported, never fatal to the rest.
+
+    `record`: the error is about one record that was read whole but is no document (a CSV row without
+    text), so its file still parsed; `record_id` is that record's id when it has one.
+    """
 
     location: str
     message: str
+    record: bool = False
+    record_id: str | None = None
+
+
+@dataclass(frozen=True)
+class UnreadableFolder(SourceError):
+    """A folder the walk could not list: none of the files under it were seen (not that they are gone)."""
+
+    path: Path = Path()
+
+
+def shown(path: Path | str) -> str:
+    """A path as text that can be printed and stored: bytes of a name that are not UTF-8 as escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
@@ -91,31 +119,45 @@ def find_files(
     if path.is_dir():
         base = root or path
         found: list[tuple[Path, SourceFile | SourceError]] = []
-        for folder, subfolders, names in os.walk(path):
+        walked = path.resolve()
+
+        def unlisted(error: OSError) -> None:
+            folder = Path(error.filename) if error.filename is not None else path
+            message = f"cannot read this folder ({error.strerror}); the files in it were skipped"
+            found.append((folder, UnreadableFolder(shown(folder), message, path=folder)))
+
+        for folder, subfolders, names in os.walk(path, onerror=unlisted):
             entries = [(Path(folder) / name, False) for name in subfolders]
             entries += [(Path(folder) / name, True) for name in names]
             for entry, is_file in entries:
                 if entry.is_symlink() and confine is not None and not confine(entry.resolve()):
-                    found.append((entry, SourceError(str(entry), _ESCAPING_LINK)))
+                    found.append((entry, SourceError(shown(entry), _ESCAPING_LINK)))
+                elif not is_file and entry.is_symlink():  # os.walk lists it, never descends into it
+                    # One into this same folder is walked under its real path; only one out of it is missed.
+                    if not entry.resolve().is_relative_to(walked):
+                        found.append((entry, SourceError(shown(entry), _LINKED_FOLDER)))
                 elif is_file and entry.suffix.lower() in SUPPORTED_SUFFIXES:
                     found.append((entry, _source_file(entry, base)))
         yield from (item for _, item in sorted(found, key=lambda pair: pair[0]))
     elif not path.exists():
-        yield SourceError(str(path), "no such file or folder")
+        yield SourceError(shown(path), "no such file or folder")
     elif path.is_file() and path.suffix.lower() not in SUPPORTED_SUFFIXES:
         kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
-        yield SourceError(str(path), f"unsupported file type {path.suffix.lower()!r}; use one of {kinds}")
+        yield SourceError(shown(path), f"unsupported file type {path.suffix.lower()!r}; use one of {kinds}")
     else:
         yield _source_file(path, root or path.parent)  # a FIFO, socket or device: reported there
 
 
 def _source_file(path: Path, root: Path) -> SourceFile | SourceError:
+    # Its name becomes a document id, a title and metadata, which must be text (UTF-8) to be stored.
+    if not is_utf8(str(path)) or not is_utf8(str(root.resolve())):
+        return SourceError(shown(path), _NOT_UTF8_NAME)
     try:
         status = path.stat()
     except OSError as exc:
-        return SourceError(str(path), f"cannot read: {exc.strerror}")
+        return SourceError(shown(path), f"cannot read: {exc.strerror}")
     if (problem := _not_regular(status.st_mode)) is not None:
-        return SourceError(str(path), problem)
+        return SourceError(shown(path), problem)
     return SourceFile(path, root, status.st_size, status.st_mtime)
 
 
@@ -143,13 +185,13 @@ def read_regular_file(path: Path) -> bytes | SourceError:
     try:
         # Checked again here: the file may have been replaced since it was found.
         if (problem := _not_regular(path.stat().st_mode)) is not None:
-            return SourceError(str(path), problem)
+            return SourceError(shown(path), problem)
         with open(os.open(path, os.O_RDONLY | _NONBLOCK), "rb") as handle:
             if (problem := _not_regular(os.fstat(handle.fileno()).st_mode)) is not None:
-                return SourceError(str(path), problem)  # replaced between the check and the open
+                return SourceError(shown(path), problem)  # replaced between the check and the open
             return handle.read()
     except OSError as exc:
-        return SourceError(str(path), f"cannot read: {exc.strerror}")
+        return SourceError(shown(path), f"cannot read: {exc.strerror}")
 
 
 def read_file(
@@ -187,9 +229,9 @@ def parse_file(
         yield SourceDocument(file.relative, extracted.text, extracted.title or path.stem, metadata)
         return
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        yield SourceError(str(path), f"not valid UTF-8 (byte {exc.start}); convert the file to UTF-8")
+        text = _decoded(data)
+    except _NotDecodable as exc:
+        yield SourceError(str(path), str(exc))
         return
     if suffix in TEXT_SUFFIXES:
         yield _text_document(file, text, provenance)
@@ -205,6 +247,29 @@ def parse_file(
         yield item
 
 
+class _NotDecodable(ValueError):
+    """Why a file's bytes are not text."""
+
+
+def _decoded(data: bytes) -> str:
+    """The text of a file: UTF-8 (a BOM dropped), or UTF-16 or UTF-32 when it starts with their BOM.
+
+    Windows PowerShell's `>` and Notepad's "Unicode" write UTF-16 with a BOM, which is unambiguous.
+    """
+    for bom, codec, name in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data[len(bom) :].decode(codec)
+            except UnicodeDecodeError as exc:
+                message = f"not valid {name} (byte {exc.start + len(bom)}); convert the file to UTF-8"
+                raise _NotDecodable(message) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        message = f"not valid UTF-8 (byte {exc.start}); convert the file to UTF-8"
+        raise _NotDecodable(message) from None
+
+
 def _text_document(file: SourceFile, text: str, provenance: dict[str, Any]) -> SourceDocument:
     title = file.path.stem
     for line in text.splitlines():
@@ -218,7 +283,10 @@ def _text_document(file: SourceFile, text: str, provenance: dict[str, Any]) -> S
 
 def _jsonl_documents(path: Path, text: str) -> Iterator[SourceDocument | SourceError]:
     """BEIR corpus lines: _id, title, text; any other key goes to metadata."""
-    for number, line in enumerate(text.splitlines(), start=1):
+    # On "\n" only (a "\r" before it dropped): U+2028, U+2029 and U+0085 may stand unescaped inside a
+    # JSON string, and str.splitlines() would break the line there.
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
@@ -243,6 +311,8 @@ def _jsonl_documents(path: Path, text: str) -> Iterator[SourceDocument | SourceE
 
 
 def _csv_documents(path: Path, text: str, columns: CsvColumns) -> Iterator[SourceDocument | SourceError]:
+    if not text.strip():
+        return  # an empty file holds no records (as an empty .jsonl), not a header without a text column
     header: list[str] | None = None
     try:
         for number, record in csv_records(text):
@@ -271,7 +341,8 @@ def _csv_row(
     doc_id = row.pop(columns.id, None) if columns.id else None
     title = (row.pop(columns.title, None) if columns.title else None) or ""
     if not content.strip():
-        return SourceError(f"{path}:{number}", f"empty {columns.text!r} column")
+        message = f"empty {columns.text!r} column"
+        return SourceError(f"{path}:{number}", message, record=True, record_id=doc_id or None)
     metadata: dict[str, Any] = {k: v for k, v in row.items() if k is not None}
     metadata["source"] = path.name
     return SourceDocument(id=doc_id or None, content=content, title=title, metadata=metadata)

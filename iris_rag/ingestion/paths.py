@@ -13,6 +13,7 @@ from iris_rag.ingestion.loaders import (
     SourceDocument,
     SourceError,
     SourceFile,
+    UnreadableFolder,
     find_files,
     read_file,
 )
@@ -43,16 +44,18 @@ def read_paths(paths: list[str], roots: IngestRoots, *, max_bytes: int) -> PathD
     files: list[tuple[int, SourceFile]] = []
     seen: set[Path] = set()
     for position, (root, real) in enumerate(located):
-        found = 0
+        found = unlisted = 0
         for item in find_files(real, root=root, confine=roots.contains):
             if isinstance(item, SourceError):
+                # A folder that could not be listed (UNREADABLE_FILE too): its files were not seen.
+                unlisted += isinstance(item, UnreadableFolder)
                 result.file_error(position, item.location, item.message)
                 continue
             found += 1
             if (key := item.path.resolve()) not in seen:
                 seen.add(key)
                 files.append((position, item))
-        if real.is_dir() and not found:
+        if real.is_dir() and not found and not unlisted:
             kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
             result.file_error(position, str(real), f"no files of a supported type ({kinds})", "NO_FILES")
     total = sum(file.size for _, file in files)

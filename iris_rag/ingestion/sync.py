@@ -3,22 +3,28 @@
 Files are told apart by their path relative to the folder (`source_path`) and compared by content hash
 (`sha256`), both stored in each document's metadata at ingest. Only documents whose `source_root` is this
 folder are looked at, so documents ingested as text or from another folder are never touched.
+
+Nothing is deleted that sync could not see: the documents of a file it could not read or parse whole, or
+under a folder it could not list, stay as they are. A record id held by two files of the folder stays with
+the file that has it (or, new, with the first in path order); the other is reported on every sync.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
-from iris_rag.ingestion.ingestor import Ingestor
+from iris_rag.ingestion.ingestor import Ingestor, stored_id
 from iris_rag.ingestion.loaders import (
     CsvColumns,
     SourceDocument,
     SourceError,
+    SourceFile,
     find_files,
     parse_file,
     read_regular_file,
@@ -27,42 +33,52 @@ from iris_rag.stores.base import DocumentStore
 from iris_rag.stores.filters import Condition, MetadataFilter
 
 BATCH = 256
+MULTI_RECORD = {".jsonl", ".csv"}  # one document per record; any other file is one document, its path its id
 
 
 @dataclass
 class StoredFile:
-    """What the collection holds of one file: the hash it was ingested at and its documents' ids."""
+    """What the collection holds of one file: its documents' ids, each with the file hash it was read at."""
 
-    sha256: str | None
-    document_ids: list[str] = field(default_factory=list)
+    documents: dict[str, str | None] = field(default_factory=dict)
+
+    def at(self, sha256: str) -> bool:
+        """Whether every document of it was read from the file at this hash."""
+        return bool(self.documents) and all(value == sha256 for value in self.documents.values())
 
 
 @dataclass
 class SyncReport:
-    """What a sync did (or, dry, would do), counted in files."""
+    """What a sync did (or, dry, would do): files added, updated, unchanged and gone, documents deleted."""
 
     added: int = 0
     updated: int = 0
     unchanged: int = 0
-    deleted: int = 0
+    deleted: int = 0  # files gone from the folder
     errors: list[SourceError] = field(default_factory=list)
+    documents_deleted: int = 0  # every document deleted: of files gone and records gone from a file
 
     def summary(self) -> str:
         """One line for the terminal."""
         return (
             f"{self.added} added, {self.updated} updated, {self.unchanged} unchanged, "
-            f"{self.deleted} deleted, {len(self.errors)} errors"
+            f"{self.deleted} deleted, {len(self.errors)} errors; {self.documents_deleted} documents deleted"
         )
 
 
 @dataclass
-class _Pending:
-    """A new or changed file's documents, waiting to be ingested."""
+class _Present:
+    """A file of the folder as this sync found it."""
 
+    path: str
     relative: str
-    new: bool
-    documents: list[SourceDocument]
-    failed: int = 0
+    stored: StoredFile | None
+    documents: list[SourceDocument] | None = None  # None: left as stored (unchanged, or held)
+    held: bool = False  # not read whole: its stored documents stay as they are
+    claims: list[str] = field(default_factory=list)  # ids it keeps without a document read now
+    writes: list[SourceDocument] = field(default_factory=list)  # documents to ingest
+    dropped: int = 0  # of its documents, left out (an id another file or folder holds, or a duplicate)
+    failed: int = 0  # of its writes, refused by the ingestor
 
 
 def stored_files(store: DocumentStore, collection_id: str, root: Path) -> dict[str, StoredFile]:
@@ -70,15 +86,14 @@ def stored_files(store: DocumentStore, collection_id: str, root: Path) -> dict[s
     if store.get_collection(collection_id) is None:
         return {}
     metadata_filter = MetadataFilter((Condition("source_root", "eq", str(root)),))
-    files: dict[str, StoredFile] = defaultdict(lambda: StoredFile(None))
+    files: dict[str, StoredFile] = defaultdict(StoredFile)
     for document_id in sorted(store.matching_document_ids(collection_id, metadata_filter)):
         document = store.get_document(collection_id, document_id)
         relative = document.metadata.get("source_path") if document else None
         if document is None or not isinstance(relative, str):
             continue
-        entry = files[relative]
-        entry.sha256 = document.metadata.get("sha256")
-        entry.document_ids.append(document_id)
+        sha256 = document.metadata.get("sha256")
+        files[relative].documents[document_id] = sha256 if isinstance(sha256, str) else None
     return dict(files)
 
 
@@ -97,53 +112,163 @@ def sync_folder(
         raise InvalidParametersError(msg)
     root = folder.resolve()
     stored = stored_files(store, collection_id, root)
-    ours = {document_id for file in stored.values() for document_id in file.document_ids}
+    ours = {document_id for file in stored.values() for document_id in file.documents}
     report = SyncReport()
-    pending: list[_Pending] = []
-    present: set[str] = set()
-    stale: list[str] = []  # documents to delete
+    errors: list[tuple[int, SourceError]] = []  # each with its file's place in the walk, to report in order
+    present: list[_Present] = []
+    unseen: list[str] = []  # paths (relative) sync could not read: nothing at or under them is deleted
     for item in find_files(root):
+        place = len(present)
         if isinstance(item, SourceError):
-            report.errors.append(item)
+            errors.append((place, item))
+            if (relative := _relative(item.location, root)) is not None:
+                unseen.append(relative)
             continue
-        present.add(item.relative)
-        data = read_regular_file(item.path)
-        if isinstance(data, SourceError):
-            report.errors.append(data)
+        file = _read(item, stored.get(item.relative), csv_columns, errors, place)
+        if file is None:
+            unseen.append(item.relative)
+        else:
+            present.append(file)
+
+    owners = _owners(present, stored, unseen, errors)
+    for place, file in enumerate(present):
+        if file.documents is None:
             continue
-        before = stored.get(item.relative)
-        if before is not None and before.sha256 == hashlib.sha256(data).hexdigest():
-            report.unchanged += 1
-            continue
-        parsed = list(parse_file(item, data, csv_columns=csv_columns))
-        report.errors += [entry for entry in parsed if isinstance(entry, SourceError)]
-        documents = [entry for entry in parsed if isinstance(entry, SourceDocument)]
-        documents = _not_held_elsewhere(store, collection_id, root, ours, item.relative, documents, report)
-        if not documents:
-            continue  # unreadable now: its documents, if any, stay as they were
-        pending.append(_Pending(item.relative, before is None, documents))
-        if before is not None:  # records a changed .jsonl or .csv no longer has
-            kept = {document.id for document in documents}
-            stale += [d for d in before.document_ids if d not in kept]
-    gone = sorted(set(stored) - present)
-    stale += [document_id for relative in gone for document_id in stored[relative].document_ids]
-    report.deleted = len(gone)
+        kept = _not_held_elsewhere(store, collection_id, root, ours, file, errors, place)
+        before = file.stored.documents if file.stored else {}
+        file.writes = [d for d in kept if before.get(stored_id(d)) != d.metadata.get("sha256")]
+
+    stale: list[str] = []  # documents to delete: their file is gone, or no longer holds them
+    stale_in: set[str] = set()  # the files they were read from
+    found = {file.relative for file in present}
+    for relative, file_stored in stored.items():
+        if _under(relative, unseen):
+            continue  # it, or a folder above it, could not be read: not gone
+        if relative not in found:
+            report.deleted += 1
+        for document_id in file_stored.documents:
+            if document_id not in owners:
+                stale.append(document_id)
+                stale_in.add(relative)
+    report.documents_deleted = len(stale)
     if not dry_run:
-        # An id that moved to another file (a record from one .jsonl to another) is written again here.
-        written = _ingest(ingestor, collection_id, pending, report)
+        # An id that moved to another file (a record from one .jsonl to another) is written again there.
+        _ingest(ingestor, collection_id, present, errors)
         with store.transaction():
             for document_id in stale:
                 check_cancelled()
-                if document_id not in written:
-                    store.delete_document(collection_id, document_id)
-    for file in pending:
-        if file.failed == len(file.documents):
+                store.delete_document(collection_id, document_id)
+    for file in present:
+        if file.held:
+            continue  # an error (reported): neither added, updated nor unchanged
+        if file.documents is None or not (file.writes or file.relative in stale_in):
+            if file.stored is None and file.dropped:
+                continue  # every document of it left out (reported): nothing of it is stored
+            report.unchanged += 1
+        elif file.writes and file.failed == len(file.writes) and file.relative not in stale_in:
             continue  # every document of it refused (reported): neither added nor updated
-        if file.new:
+        elif file.stored is None:
             report.added += 1
         else:
             report.updated += 1
+    report.errors = [error for _, error in sorted(errors, key=lambda pair: pair[0])]
     return report
+
+
+def _read(
+    item: SourceFile,
+    before: StoredFile | None,
+    csv_columns: CsvColumns | None,
+    errors: list[tuple[int, SourceError]],
+    place: int,
+) -> _Present | None:
+    """A found file, parsed unless unchanged; None when it could not be read (reported)."""
+    data = read_regular_file(item.path)
+    if isinstance(data, SourceError):
+        errors.append((place, data))
+        return None
+    multi = item.path.suffix.lower() in MULTI_RECORD
+    if not multi and before is not None and before.at(hashlib.sha256(data).hexdigest()):
+        return _Present(str(item.path), item.relative, before, claims=list(before.documents))
+    # A .jsonl or .csv is parsed every time, unchanged or not: its record ids are needed to tell which
+    # of the folder's files holds an id (and to report a clash every time, not only when a file changes).
+    parsed = list(parse_file(item, data, csv_columns=csv_columns))
+    problems = [entry for entry in parsed if isinstance(entry, SourceError)]
+    documents = [entry for entry in parsed if isinstance(entry, SourceDocument)]
+    errors += [(place, problem) for problem in problems]
+    if any(not problem.record for problem in problems):
+        # Records that did not parse have no id to tell them by: deleting what was not read now could
+        # delete them. The file waits, whole, until it parses whole: never half old and half new.
+        held = list(before.documents) if before else []
+        if multi:
+            count = len(problems)
+            kept = (
+                f"its {len(held)} stored documents are kept as they were"
+                if held
+                else "none of its records is stored until it does"
+            )
+            message = f"not synced: it did not read whole ({count} error{'s' * (count != 1)} above); {kept}"
+            errors.append((place, SourceError(str(item.path), message)))
+        return _Present(str(item.path), item.relative, before, held=True, claims=held)
+    claims = [problem.record_id for problem in problems if problem.record_id is not None]
+    return _Present(str(item.path), item.relative, before, documents=documents, claims=claims)
+
+
+def _owners(
+    present: list[_Present],
+    stored: dict[str, StoredFile],
+    unseen: list[str],
+    errors: list[tuple[int, SourceError]],
+) -> dict[str, str]:
+    """Which file of the folder each id read now (or kept) belongs to; the others holding it are reported.
+
+    An id stays with the file it was stored from while that file still holds it (so an unchanged folder
+    never swaps one file's records for another's); a new id goes to the first file in path order. A file's
+    documents are left with only those it owns, each id once.
+    """
+    stored_from = {d: relative for relative, file in stored.items() for d in file.documents}
+    owners = {
+        d: relative for relative, file in stored.items() if _under(relative, unseen) for d in file.documents
+    }
+    for file in present:
+        for document_id in [*file.claims, *(stored_id(d) for d in file.documents or [])]:
+            if stored_from.get(document_id) == file.relative:
+                owners.setdefault(document_id, file.relative)
+    for place, file in enumerate(present):
+        for document_id in file.claims:
+            owners.setdefault(document_id, file.relative)
+        if file.documents is None:
+            continue
+        kept: list[SourceDocument] = []
+        seen: set[str] = set()
+        for document in file.documents:
+            document_id = stored_id(document)
+            owner = owners.setdefault(document_id, file.relative)
+            if document_id in seen:
+                message = (
+                    f"document id {document_id!r} appears more than once in this file; the first is kept"
+                )
+            elif owner != file.relative:
+                message = f"document id {document_id!r} is also in {owner}, which keeps it; not synced"
+            else:
+                seen.add(document_id)
+                kept.append(document)
+                continue
+            errors.append((place, SourceError(file.path, message)))
+            file.dropped += 1
+        file.documents = kept
+    return owners
+
+
+def _relative(location: str, root: Path) -> str | None:
+    """The path of a walk error's location relative to root ("." for root itself), or None if not under it."""
+    relative = os.path.relpath(location, root)
+    return None if relative == ".." or relative.startswith("../") else Path(relative).as_posix()
+
+
+def _under(relative: str, folders: list[str]) -> bool:
+    """Whether a path is one of these, or under one ("." holds everything)."""
+    return any(f in (".", relative) or relative.startswith(f + "/") for f in folders)
 
 
 def _not_held_elsewhere(
@@ -151,17 +276,17 @@ def _not_held_elsewhere(
     collection_id: str,
     root: Path,
     ours: set[str],
-    relative: str,
-    documents: list[SourceDocument],
-    report: SyncReport,
+    file: _Present,
+    errors: list[tuple[int, SourceError]],
+    place: int,
 ) -> list[SourceDocument]:
-    """The documents whose id no document from elsewhere holds; the others are reported and left alone.
+    """The file's documents whose id no document from elsewhere holds; the others are reported and left.
 
     An id is a path relative to its folder, so two folders' `notes.txt`, or a document sent as text with
     that id, are one document: replacing it would break the promise that sync touches only this folder's.
     """
     kept = []
-    for document in documents:
+    for document in file.documents or []:
         held = (
             None
             if document.id is None or document.id in ours
@@ -176,23 +301,23 @@ def _not_held_elsewhere(
             f"document id {document.id!r} is already in {collection_id!r}, {where}; left as it is "
             f"(sync replaces only documents it read from {root})"
         )
-        report.errors.append(SourceError(relative, message))
+        errors.append((place, SourceError(file.relative, message)))
+        file.dropped += 1
     return kept
 
 
-def _ingest(ingestor: Ingestor, collection_id: str, pending: list[_Pending], report: SyncReport) -> set[str]:
-    """Ingest the pending files' documents in batches; returns the ids written.
+def _ingest(
+    ingestor: Ingestor, collection_id: str, present: list[_Present], errors: list[tuple[int, SourceError]]
+) -> None:
+    """Ingest the files' writes in batches.
 
     A document the ingestor refuses (empty text, say) is an error of its file.
     """
-    written: set[str] = set()
-    owners = [file for file in pending for _ in file.documents]
-    documents = [document for file in pending for document in file.documents]
+    owners = [(place, file) for place, file in enumerate(present) for _ in file.writes]
+    documents = [document for file in present for document in file.writes]
     for start in range(0, len(documents), BATCH):
         result = ingestor.ingest(collection_id, documents[start : start + BATCH])
-        written.update(result.document_ids)
         for error in result.errors:
-            file = owners[start + error["index"]]
+            place, file = owners[start + error["index"]]
             file.failed += 1
-            report.errors.append(SourceError(file.relative, f"{error['code']}: {error['message']}"))
-    return written
+            errors.append((place, SourceError(file.relative, f"{error['code']}: {error['message']}")))

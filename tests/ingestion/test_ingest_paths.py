@@ -16,6 +16,7 @@ from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.deadline import release_fifo, within
 from tests.ingestion.make_files import write_docx, write_pdf
+from tests.ingestion.test_loaders import unreadable
 
 
 @pytest.fixture(autouse=True)
@@ -157,3 +158,30 @@ def test_a_fifo_in_a_folder_or_named_is_reported_not_read(
         (position, "UNREADABLE_FILE", f"{pipe}: not a regular file (a named pipe); skipped")
         for position in (0, 1)
     ]
+
+
+def test_a_file_name_that_is_not_utf8_is_reported_and_the_rest_ingested(
+    any_service: RagService, docs: Path
+) -> None:
+    with open(os.fsencode(docs) + b"/caf\xe9.txt", "wb") as handle:
+        handle.write(b"A Latin-1 named file about the quetzal.\n")
+    result = any_service.ingest({"collection_id": "files", "paths": [str(docs)]})
+    assert len(result["document_ids"]) == 6
+    assert [(e["index"], e["code"], e["message"]) for e in result["errors"]] == [
+        (0, "UNREADABLE_FILE", f"{docs}/caf\\xe9.txt: file name is not valid UTF-8; rename it")
+    ]
+
+
+def test_an_unreadable_folder_is_reported(
+    any_service: RagService, docs: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    unreadable(docs / "papers", monkeypatch, request)
+    result = any_service.ingest({"collection_id": "files", "paths": [str(docs)]})
+    assert sorted(result["document_ids"]) == ["c1", "notes.md", "page.html", "q1"]
+    message = f"{docs / 'papers'}: cannot read this folder (Permission denied); the files in it were skipped"
+    assert [(e["index"], e["code"], e["message"]) for e in result["errors"]] == [
+        (0, "UNREADABLE_FILE", message)
+    ]
+    # Named itself: the same error, and no NO_FILES beside it (it may hold files; they could not be listed).
+    result = any_service.ingest({"collection_id": "files", "paths": [str(docs / "papers")]})
+    assert [(e["code"], e["message"]) for e in result["errors"]] == [("UNREADABLE_FILE", message)]

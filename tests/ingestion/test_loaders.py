@@ -1,11 +1,23 @@
+from __future__ import annotations
+
+import codecs
+import errno
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
 
 from iris_rag.ingestion.loaders import (
     CsvColumns,
     SourceDocument,
     SourceError,
     SourceFile,
+    UnreadableFolder,
     find_files,
     iter_source,
     read_file,
@@ -99,3 +111,152 @@ def test_a_file_that_became_a_fifo_after_the_walk_is_not_read(tmp_path: Path) ->
     os.mkfifo(pipe)
     items = within(10, lambda: list(read_file(found)), unblock=release_fifo(pipe))
     assert items == [SourceError(str(pipe), "not a regular file (a named pipe); skipped")]
+
+
+def unreadable(folder: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Make a folder impossible to list: chmod 0 when not root; as root (who reads anything) os.scandir
+    refuses it. The real mechanism as root, dropping the capabilities, is tested in a subprocess below.
+    """
+    if os.geteuid() != 0:
+        folder.chmod(0)
+        request.addfinalizer(lambda: folder.chmod(0o755))  # so that pytest can remove it
+        return
+    target = os.path.realpath(folder)
+    real_scandir = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if isinstance(path, str | os.PathLike) and os.path.realpath(os.fspath(path)) == target:
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+def test_jsonl_lines_are_split_on_newline_only(tmp_path: Path) -> None:
+    # U+2028, U+2029 and U+0085 are legal unescaped in a JSON string; str.splitlines() broke lines at them.
+    path = tmp_path / "corpus.jsonl"
+    records = [
+        {"_id": "r1", "text": "Para one\u2028para two about the walrus."},
+        {"_id": "r2", "text": "Next line\u0085about the xerus\u2029."},
+        {"_id": "r3", "text": "Plain record about the yak."},
+    ]
+    lines = [orjson.dumps(record).decode() for record in records]
+    path.write_bytes(("\r\n".join(lines[:2]) + "\n" + lines[2] + "\nnot json\n").encode())
+    items = list(iter_source(path))
+    docs = [i for i in items if isinstance(i, SourceDocument)]
+    assert [(d.id, d.content) for d in docs] == [(r["_id"], r["text"]) for r in records]
+    assert [e.location for e in items if isinstance(e, SourceError)] == [f"{path}:4"]
+
+
+@pytest.mark.parametrize(
+    ("bom", "encoding"),
+    [
+        (codecs.BOM_UTF16_LE, "utf-16-le"),
+        (codecs.BOM_UTF16_BE, "utf-16-be"),
+        (codecs.BOM_UTF32_LE, "utf-32-le"),
+        (codecs.BOM_UTF32_BE, "utf-32-be"),
+    ],
+)
+def test_utf16_and_utf32_files_are_decoded_by_their_bom(tmp_path: Path, bom: bytes, encoding: str) -> None:
+    # Windows PowerShell's `>` and Notepad's "Unicode" write UTF-16 LE with a BOM.
+    (tmp_path / "ps.txt").write_bytes(bom + "Report from PowerShell: café.".encode(encoding))
+    (tmp_path / "rows.csv").write_bytes(bom + "id,text\n1,Row one.\n".encode(encoding))
+    (tmp_path / "lines.jsonl").write_bytes(bom + '{"_id": "j1", "text": "Line one."}\n'.encode(encoding))
+    items = list(iter_source(tmp_path))
+    assert [(i.id, i.content) for i in items if isinstance(i, SourceDocument)] == [
+        ("j1", "Line one."),
+        ("ps.txt", "Report from PowerShell: café."),
+        ("1", "Row one."),
+    ]
+
+
+def test_a_broken_utf16_file_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "odd.txt").write_bytes(codecs.BOM_UTF16_LE + b"A\x00B")  # an odd number of bytes
+    [error] = iter_source(tmp_path / "odd.txt")
+    assert isinstance(error, SourceError)
+    assert "not valid UTF-16" in error.message
+
+
+def test_a_file_name_that_is_not_utf8_is_reported_and_the_rest_read(tmp_path: Path) -> None:
+    (tmp_path / "good.txt").write_text("A good file about the ocelot.", encoding="utf-8")
+    with open(os.fsencode(tmp_path) + b"/caf\xe9.txt", "wb") as handle:
+        handle.write(b"A Latin-1 named file about the quetzal.\n")
+    (tmp_path / "sub\udcff").mkdir()  # a folder name that is not UTF-8 either
+    (tmp_path / "sub\udcff" / "inner.txt").write_text("Inside.", encoding="utf-8")
+    items = list(iter_source(tmp_path))
+    assert [i.id for i in items if isinstance(i, SourceDocument)] == ["good.txt"]
+    errors = [i for i in items if isinstance(i, SourceError)]
+    assert [(e.location, e.message) for e in errors] == [
+        (f"{tmp_path}/caf\\xe9.txt", "file name is not valid UTF-8; rename it"),
+        (f"{tmp_path}/sub\\xff/inner.txt", "file name is not valid UTF-8; rename it"),
+    ]
+    for error in errors:  # printable and storable as they are
+        error.location.encode("utf-8")
+    named = list(iter_source(Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9.txt"))))
+    assert [type(i) for i in named] == [SourceError]
+
+
+def test_an_unreadable_folder_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    (tmp_path / "open.txt").write_text("Open file about the oribi.", encoding="utf-8")
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "notes.txt").write_text("Team notes about the puku.", encoding="utf-8")
+    unreadable(tmp_path / "team", monkeypatch, request)
+    items = list(find_files(tmp_path))
+    assert [i.relative for i in items if isinstance(i, SourceFile)] == ["open.txt"]
+    errors = [i for i in items if isinstance(i, SourceError)]
+    assert [(e.location, e.message) for e in errors] == [
+        (str(tmp_path / "team"), "cannot read this folder (Permission denied); the files in it were skipped")
+    ]
+    assert isinstance(errors[0], UnreadableFolder) and errors[0].path == tmp_path / "team"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="runs as root with setpriv only (without root, the test above uses a real chmod 0)",
+)
+def test_an_unreadable_folder_is_reported_as_root_without_its_capabilities(tmp_path: Path) -> None:
+    (tmp_path / "open.txt").write_text("Open file about the oribi.", encoding="utf-8")
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "notes.txt").write_text("Team notes about the puku.", encoding="utf-8")
+    (tmp_path / "team").chmod(0)  # root reads it anyway; the subprocess below cannot
+    script = (
+        "import sys; from pathlib import Path; from iris_rag.ingestion.loaders import find_files\n"
+        "for item in find_files(Path(sys.argv[1])): print(type(item).__name__, getattr(item, 'message', ''))"
+    )
+    caps = "-dac_override,-dac_read_search"
+    command = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", "--"]
+    command += [sys.executable, "-c", script, str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0 and "setpriv" in done.stderr:
+        pytest.skip(f"setpriv cannot drop capabilities here: {done.stderr.strip()}")
+    assert done.stdout.splitlines() == [
+        "SourceFile ",
+        "UnreadableFolder cannot read this folder (Permission denied); the files in it were skipped",
+    ]
+
+
+def test_a_symlinked_folder_is_reported_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "shared.txt").write_text("Shared note about the serval.", encoding="utf-8")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "local.txt").write_text("Local note.", encoding="utf-8")
+    (tmp_path / "b" / "shared").symlink_to(tmp_path / "real", target_is_directory=True)
+    (tmp_path / "b" / "linked.txt").symlink_to(tmp_path / "real" / "shared.txt")  # a file link is read
+    (tmp_path / "b" / "sub").mkdir()
+    (tmp_path / "b" / "sub" / "inner.txt").write_text("Inner note.", encoding="utf-8")
+    # A link into the walked folder misses nothing: its files are read under their real path, silently.
+    (tmp_path / "b" / "again").symlink_to(tmp_path / "b" / "sub", target_is_directory=True)
+    items = list(find_files(tmp_path / "b"))
+    assert [i.relative for i in items if isinstance(i, SourceFile)] == [
+        "linked.txt",
+        "local.txt",
+        "sub/inner.txt",
+    ]
+    assert [(e.location, e.message) for e in items if isinstance(e, SourceError)] == [
+        (
+            str(tmp_path / "b" / "shared"),
+            "a symlink to a folder outside this one; not followed (name that folder itself)",
+        )
+    ]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from iris_rag import cli
+from iris_rag.ingestion import sync
 from iris_rag.ingestion.sync import SyncReport, sync_folder
 from iris_rag.service import RagService
 from tests.ingestion.make_files import write_pdf
+from tests.ingestion.test_loaders import unreadable
 
 
 def _sync(service: RagService, folder: Path, *, dry_run: bool = False) -> SyncReport:
@@ -121,9 +124,196 @@ def test_cli_prints_one_summary_line_and_fails_on_errors(
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("RAG_TECHNIQUES", "basic")
     assert cli.main(["sync", str(folder), "--collection", "notes", "--dry-run"]) == 0
-    assert capsys.readouterr().out.strip().endswith("4 added, 0 updated, 0 unchanged, 0 deleted, 0 errors")
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith("4 added, 0 updated, 0 unchanged, 0 deleted, 0 errors; 0 documents deleted")
+    )
     (folder / "bad.docx").write_bytes(b"not a docx")
     assert cli.main(["sync", str(folder), "--collection", "notes"]) == 1
     captured = capsys.readouterr()
-    assert captured.out.strip().endswith("4 added, 0 updated, 0 unchanged, 0 deleted, 1 errors")
+    assert captured.out.strip().endswith(
+        "4 added, 0 updated, 0 unchanged, 0 deleted, 1 errors; 0 documents deleted"
+    )
     assert "bad.docx" in captured.err
+
+
+def _content(service: RagService, document_id: str) -> str | None:
+    stored = service.store.get_document("notes", document_id)
+    return None if stored is None else stored.content
+
+
+def test_a_csv_or_jsonl_that_does_not_parse_whole_keeps_every_stored_document(
+    any_service: RagService, folder: Path
+) -> None:
+    """An unclosed quote stops the CSV reader and a JSONL typo loses its line: neither may delete a record."""
+    rows = ["id,text", *(f"{i},Row {i} describes product number {i}." for i in range(1, 11))]
+    (folder / "products.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    _sync(any_service, folder)
+    assert len(_ids(any_service)) == 15
+    before = {document_id: _content(any_service, document_id) for document_id in _ids(any_service)}
+    # Row 1 edited, row 2 given an opening quote never closed; r1 edited, r2's line broken.
+    rows[1] = "1,Row 1 now describes product one."
+    rows[2] = '2,"Row 2 now describes product two.'
+    (folder / "products.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (folder / "records.jsonl").write_text(
+        '{"_id": "r1", "text": "Rivers carry sand."}\n{"_id": "r2", "text": "Rain feeds rivers.}\n',
+        encoding="utf-8",
+    )
+    for dry_run in (True, False):
+        report = _sync(any_service, folder, dry_run=dry_run)
+        assert _counts(report) == (0, 0, 3, 0, 4), dry_run
+        assert report.documents_deleted == 0
+        assert [Path(e.location).name for e in report.errors] == [
+            "products.csv:3",
+            "products.csv",
+            "records.jsonl:2",
+            "records.jsonl",
+        ]
+        assert report.errors[0].message.startswith("a quoted field is never closed")
+        assert report.errors[2].message.startswith("invalid JSON")
+        assert report.errors[1].message == (
+            "not synced: it did not read whole (1 error above); its 10 stored documents are kept as they were"
+        )
+        assert {d: _content(any_service, d) for d in _ids(any_service)} == before
+    # The CSV fixed: it goes in whole, and the records it no longer holds are deleted and counted.
+    rows[2] = "2,Row 2 now describes product two."
+    del rows[5:]
+    (folder / "products.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    for dry_run in (True, False):
+        report = _sync(any_service, folder, dry_run=dry_run)
+        assert (_counts(report), report.documents_deleted) == ((0, 1, 3, 0, 2), 6), dry_run
+    assert _content(any_service, "2") == "Row 2 now describes product two."
+    assert _content(any_service, "r1") == "Rivers carry silt."  # records.jsonl is still held back
+    assert sorted(set(before) - set(_ids(any_service))) == ["10", "5", "6", "7", "8", "9"]
+
+
+def test_every_document_deleted_is_counted_in_the_summary(any_service: RagService, folder: Path) -> None:
+    _sync(any_service, folder)
+    (folder / "records.jsonl").write_text('{"_id": "r1", "text": "Rivers carry silt."}\n', encoding="utf-8")
+    (folder / "a.md").unlink()
+    for dry_run in (True, False):
+        report = _sync(any_service, folder, dry_run=dry_run)
+        assert (_counts(report), report.documents_deleted) == ((0, 1, 2, 1, 0), 2), dry_run
+        assert report.summary() == "0 added, 1 updated, 2 unchanged, 1 deleted, 0 errors; 2 documents deleted"
+    assert _ids(any_service) == ["c.pdf", "r1", "sub/b.txt"]
+
+
+def test_an_emptied_jsonl_or_csv_has_its_records_deleted(any_service: RagService, folder: Path) -> None:
+    (folder / "rows.csv").write_text("id,text\nx,Row x about the genet.\n", encoding="utf-8")
+    (folder / "gone.csv").write_text("id,text\ny,Row y about the civet.\n", encoding="utf-8")
+    _sync(any_service, folder)
+    assert {"r1", "r2", "x", "y"} <= set(_ids(any_service))
+    (folder / "records.jsonl").write_text("", encoding="utf-8")
+    (folder / "rows.csv").write_text("id,text\n", encoding="utf-8")
+    (folder / "gone.csv").write_text("", encoding="utf-8")  # not even a header: no records either
+    for dry_run in (True, False):
+        report = _sync(any_service, folder, dry_run=dry_run)
+        assert (_counts(report), report.documents_deleted) == ((0, 3, 3, 0, 0), 4), dry_run
+    assert _ids(any_service) == ["a.md", "c.pdf", "sub/b.txt"]
+    report = _sync(any_service, folder)
+    assert (_counts(report), report.documents_deleted) == ((0, 0, 6, 0, 0), 0)
+
+
+def test_records_sharing_an_id_across_files_are_stable_and_reported_every_time(
+    any_service: RagService, tmp_path: Path
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "veg.csv").write_text("id,text\n1,Carrots are orange.\n2,Peas are green.\n", encoding="utf-8")
+    report = _sync(any_service, docs)
+    assert _counts(report) == (1, 0, 0, 0, 0)
+    # A file that sorts first, holding the same ids, comes later: the ids stay veg.csv's.
+    (docs / "fruit.csv").write_text("id,text\n1,Apples are red.\n2,Bananas are yellow.\n3,Figs.\n", "utf-8")
+    for run in range(3):
+        report = _sync(any_service, docs)
+        expected = (1, 0, 1, 0, 2) if run == 0 else (0, 0, 2, 0, 2)  # fruit.csv's 3 goes in once
+        assert _counts(report) == expected, run
+        assert [(Path(e.location).name, e.message) for e in report.errors] == [
+            ("fruit.csv", f"document id {i!r} is also in veg.csv, which keeps it; not synced")
+            for i in ("1", "2")
+        ]
+        assert [_content(any_service, i) for i in ("1", "2", "3")] == [
+            "Carrots are orange.",
+            "Peas are green.",
+            "Figs.",
+        ]
+    # veg.csv gone: its ids are fruit.csv's now, written and not deleted.
+    (docs / "veg.csv").unlink()
+    report = _sync(any_service, docs)
+    assert (_counts(report), report.documents_deleted) == ((0, 1, 0, 1, 0), 0)
+    assert [_content(any_service, i) for i in ("1", "2", "3")] == [
+        "Apples are red.",
+        "Bananas are yellow.",
+        "Figs.",
+    ]
+
+
+def test_two_new_files_with_one_id_the_first_in_path_order_wins(
+    any_service: RagService, tmp_path: Path
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "b.jsonl").write_text('{"_id": "k", "text": "From b."}\n', encoding="utf-8")
+    (docs / "a.jsonl").write_text(
+        '{"_id": "k", "text": "From a."}\n{"_id": "k", "text": "Again a."}\n', "utf-8"
+    )
+    for run in range(3):
+        report = _sync(any_service, docs)
+        assert [(Path(e.location).name, e.message) for e in report.errors] == [
+            ("a.jsonl", "document id 'k' appears more than once in this file; the first is kept"),
+            ("b.jsonl", "document id 'k' is also in a.jsonl, which keeps it; not synced"),
+        ], run
+        assert _content(any_service, "k") == "From a."
+
+
+def test_a_duplicate_id_far_apart_in_one_file_keeps_the_first(
+    any_service: RagService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sync, "BATCH", 2)  # the duplicate lands in another ingest batch
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    lines = [
+        '{"_id": "far", "text": "First far."}',
+        *(f'{{"_id": "n{i}", "text": "Filler {i}."}}' for i in range(3)),
+    ]
+    (docs / "far.jsonl").write_text("\n".join([*lines, '{"_id": "far", "text": "Second far."}']), "utf-8")
+    report = _sync(any_service, docs)
+    assert _counts(report) == (1, 0, 0, 0, 1)
+    assert _content(any_service, "far") == "First far."
+
+
+def test_an_unreadable_subfolder_is_an_error_and_its_documents_stay(
+    any_service: RagService, folder: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    (folder / "sub" / "c.md").write_text("Crows use tools.", encoding="utf-8")
+    _sync(any_service, folder)
+    unreadable(folder / "sub", monkeypatch, request)
+    for dry_run in (True, False):
+        report = _sync(any_service, folder, dry_run=dry_run)
+        assert (_counts(report), report.documents_deleted) == ((0, 0, 3, 0, 1), 0), dry_run
+        assert [(e.location, e.message) for e in report.errors] == [
+            (str(folder / "sub"), "cannot read this folder (Permission denied); the files in it were skipped")
+        ]
+    assert {"sub/b.txt", "sub/c.md"} <= set(_ids(any_service))
+
+
+def test_an_unreadable_folder_itself_deletes_nothing(
+    any_service: RagService, folder: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    _sync(any_service, folder)
+    unreadable(folder, monkeypatch, request)
+    report = _sync(any_service, folder)
+    assert (_counts(report), report.documents_deleted) == ((0, 0, 0, 0, 1), 0)
+    assert len(_ids(any_service)) == 5
+
+
+def test_a_file_name_that_is_not_utf8_is_reported_and_the_rest_synced(
+    any_service: RagService, folder: Path
+) -> None:
+    with open(os.fsencode(folder) + b"/caf\xe9.txt", "wb") as handle:
+        handle.write(b"A Latin-1 named file about the quetzal.\n")
+    report = _sync(any_service, folder)
+    assert _counts(report) == (4, 0, 0, 0, 1)
+    assert report.errors[0].message == "file name is not valid UTF-8; rename it"
+    assert len(_ids(any_service)) == 5
