@@ -176,13 +176,13 @@ class TokenEncoder:
             raise ValueError(msg)
         projection, skip = self._setup()
         batch = batch_size or self.embedder.batch_size
-        tokenizer = self.embedder.tokenizer
         results: list[TokenVectors | None] = [None] * len(texts)
 
         def run(model: Any, order: list[int]) -> None:
             import torch
 
             transformer = model[0].auto_model
+            tokenizer = model.tokenizer  # the model this runs on's own (see encode_query)
             dense_limit = _dense_limit(model, max_length) if with_dense else 0
             with torch.inference_mode():
                 for start in range(0, len(order), batch):
@@ -237,13 +237,15 @@ class TokenEncoder:
         and the query fits both length limits; otherwise `dense` is None and the caller embeds it apart.
         """
         projection, skip = self._setup()
-        tokenizer = self.embedder.tokenizer
 
         def run(model: Any) -> QueryEncoding:
             import torch
 
             transformer = model[0].auto_model
-            # sentence-transformers strips the text before tokenizing; so must this, to see the same ids.
+            # The tokenizer of the model this runs on (the query thread's copy): the bulk model's, called
+            # from here while a bulk encode pads a batch with it, broke that batch ("Unable to create
+            # tensor"; issue 11, defect 9). sentence-transformers strips the text first; so must this.
+            tokenizer = model.tokenizer
             encoded = tokenizer([query.strip()], truncation=True, max_length=max_length, return_tensors="pt")
             with torch.inference_mode():
                 inputs = {k: v.to(transformer.device) for k, v in encoded.items()}

@@ -1,5 +1,6 @@
 """rag_colbert's token-vector index: encoding, compression, budget, and rows that follow the documents."""
 
+import threading
 from collections import Counter
 from typing import Any
 
@@ -212,3 +213,34 @@ def test_ingest_takes_dense_vectors_from_the_token_pass(service: RagService, mon
     loaded = _index(service).load("docs", ["aspirin#0"])["aspirin#0"]
     np.testing.assert_array_equal(loaded.token_ids, separate.token_ids)
     np.testing.assert_allclose(loaded.vectors(), separate.vectors, atol=loaded.scale)
+
+
+def test_a_query_encode_tokenizes_with_the_model_it_runs_on(
+    embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast tokenizer is not thread-safe: only the encode thread may call the bulk model's.
+
+    The query encode runs on the query thread's model copy; it called the bulk model's tokenizer
+    (Embedder.tokenizer), which a bulk encode may be padding a batch with at that moment ("Unable to
+    create tensor", seen once while rag_colbert calls ran beside a background ColBERT build).
+    """
+    bulk_tokenizer = embedder.tokenizer
+    threads: list[str] = []
+
+    class Watched:
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return bulk_tokenizer(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(bulk_tokenizer, name)
+
+        def __len__(self) -> int:
+            return len(bulk_tokenizer)
+
+    monkeypatch.setattr(Embedder, "tokenizer", property(lambda _self: Watched()))
+    encoder = TokenEncoder(embedder)
+    encoded = encoder.encode_query("does aspirin prevent heart attacks", max_length=32).result()
+    assert encoded.tokens.vectors.shape[0] > 0
+    assert len(encoder.encode(["Aspirin and heart attacks."])) == 1  # bulk work
+    assert [t for t in threads if t != "encode"] == []
