@@ -175,6 +175,19 @@ class CsvProblem(ValueError):
         self.reason = reason
 
 
+CSV_DELIMITERS = (",", "\t", ";", "|")
+
+
+def csv_delimiter(text: str) -> str:
+    """The delimiter (',', tab, ';' or '|') the first non-blank line uses most: ',' when it has none.
+
+    Spreadsheets in many locales save ';'-separated files, and exported tables are often tab-separated.
+    """
+    first_line = next((line for line in text.splitlines() if line.strip()), "")
+    counts = {d: first_line.count(d) for d in CSV_DELIMITERS}
+    return max(counts, key=lambda d: counts[d]) if any(counts.values()) else ","
+
+
 def csv_records(text: str, delimiter: str = ",") -> Iterator[tuple[int, list[str]]]:
     """Each record of a CSV text with the line it starts on (a quoted field may hold line breaks).
 

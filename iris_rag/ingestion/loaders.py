@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from iris_rag.ingestion.formats import EXTRACTORS, FormatError
-from iris_rag.text import CsvProblem, csv_records, is_utf8
+from iris_rag.text import CsvProblem, csv_delimiter, csv_records, is_utf8
 
 TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
@@ -315,7 +315,7 @@ def _csv_documents(path: Path, text: str, columns: CsvColumns) -> Iterator[Sourc
         return  # an empty file holds no records (as an empty .jsonl), not a header without a text column
     header: list[str] | None = None
     try:
-        for number, record in csv_records(text):
+        for number, record in csv_records(text, csv_delimiter(text)):
             if header is None:
                 header = record
                 if columns.text not in header:

@@ -77,6 +77,19 @@ def test_csv_with_chosen_columns(tmp_path: Path) -> None:
     assert "--text-column" in missing[0].message
 
 
+@pytest.mark.parametrize("delimiter", [";", "\t", "|"])
+def test_csv_separated_otherwise_is_read_by_its_header(tmp_path: Path, delimiter: str) -> None:
+    """A spreadsheet saved in a ';' locale, or a tab-separated export: the header says which."""
+    path = tmp_path / "rows.csv"
+    rows = [["id", "text", "price"], ["1", "A serval, a cat.", "3,50"], ["2", "A caracal.", "4,20"]]
+    path.write_text("\n".join(delimiter.join(r) for r in rows) + "\n", encoding="utf-8")
+    docs = [i for i in iter_source(path, csv_columns=CsvColumns(id="id")) if isinstance(i, SourceDocument)]
+    assert [(d.id, d.content, d.metadata["price"]) for d in docs] == [
+        ("1", "A serval, a cat.", "3,50"),
+        ("2", "A caracal.", "4,20"),
+    ]
+
+
 def test_csv_rows_over_several_lines_and_an_unclosed_quote(tmp_path: Path) -> None:
     path = tmp_path / "rows.csv"
     path.write_text('id,text\n1,"Two\nlines."\n2,"never closed\n3,Third.\n4,Fourth.\n', encoding="utf-8")

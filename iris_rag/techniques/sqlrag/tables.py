@@ -27,7 +27,7 @@ from iris_rag.techniques.sqlrag.storage import (
     TableInfo,
     ViewSpec,
 )
-from iris_rag.text import CsvProblem, csv_records, without_nul
+from iris_rag.text import CsvProblem, csv_delimiter, csv_records, without_nul
 
 TABLE_PREFIX = "t_"
 VIEW_PREFIX = "documents_"
@@ -202,9 +202,7 @@ def _invalid(message: str, errors: list[str] | None = None) -> InvalidParameters
 def parse_csv(text: str, *, delimiter: str | None = None) -> RawTable:
     """CSV with a header row; the delimiter (',', tab, ';' or '|') is the one the header uses most."""
     if delimiter is None:
-        first_line = next((line for line in text.splitlines() if line.strip()), "")
-        counts = {d: first_line.count(d) for d in (",", "\t", ";", "|")}
-        delimiter = max(counts, key=lambda d: counts[d]) if any(counts.values()) else ","
+        delimiter = csv_delimiter(text)
     headers: list[str] | None = None
     rows: list[list[Any]] = []
     errors: list[str] = []
