@@ -79,6 +79,11 @@ interface WorkerResponse {
 const STDERR_TAIL_CHARS = 2_000;
 const DEFAULT_CANCEL_GRACE_MS = 30_000;
 
+/** What a call gets when the server shuts down before it is answered (stopping the worker answers the rest). */
+function shutdownError(call: Call, stage: "queued" | "running"): BridgeError {
+  return new BridgeError("REQUEST_CANCELLED", `${call.method} was cancelled: the server is shutting down`, { stage });
+}
+
 /** The line of a worker's stderr that says why it failed: its last error or exception line, else its last line. */
 export function causeFromStderr(stderr: string): string | undefined {
   const lines = stderr
@@ -125,7 +130,7 @@ export class WorkerBridge {
     const { timeoutMs = this.options.requestTimeoutMs, signal, principal, onProgress } = options;
     return new Promise((resolve, reject) => {
       if (this.stopped) {
-        reject(new BridgeError("WORKER_UNAVAILABLE", "The bridge is shut down"));
+        reject(new BridgeError("REQUEST_CANCELLED", `${method} was not sent: the server is shutting down`, { stage: "queued" }));
         return;
       }
       if (signal?.aborted) {
@@ -171,19 +176,33 @@ export class WorkerBridge {
     });
   }
 
-  /** Ask the worker to shut down, kill it after the grace period, and fail everything pending. */
+  /**
+   * Ask the worker to shut down, kill it after the grace period, and answer everything pending: the worker
+   * answers the calls it runs (REQUEST_CANCELLED at their next checkpoint, an ingest rolled back); the
+   * queued calls, and any call still unanswered when the worker is gone, get REQUEST_CANCELLED here.
+   * Resolves within the grace period and a second, even if the worker cannot be killed.
+   */
   async stop(): Promise<void> {
     this.stopped = true;
-    for (const call of this.queue.splice(0)) this.answer(call, new BridgeError("WORKER_UNAVAILABLE", "The bridge is shut down"));
+    for (const call of this.queue.splice(0)) this.answer(call, shutdownError(call, "queued"));
     const worker = this.worker;
-    if (!worker || worker.exitCode !== null || worker.signalCode !== null) return;
-    const exited = new Promise<void>((resolve) => worker.once("exit", () => resolve()));
-    this.shutdownId = String(++this.nextId);
-    this.write(worker, `${JSON.stringify({ id: this.shutdownId, method: "shutdown", params: {} })}\n`);
-    worker.stdin.end();
-    const grace = setTimeout(() => worker.kill("SIGKILL"), this.options.shutdownGraceMs ?? 3_000);
-    await exited;
-    clearTimeout(grace);
+    if (worker && worker.exitCode === null && worker.signalCode === null) {
+      const exited = new Promise<void>((resolve) => worker.once("exit", () => resolve()));
+      this.shutdownId = String(++this.nextId);
+      this.write(worker, `${JSON.stringify({ id: this.shutdownId, method: "shutdown", params: {} })}\n`);
+      worker.stdin.end();
+      const graceMs = this.options.shutdownGraceMs ?? 3_000;
+      const grace = setTimeout(() => worker.kill("SIGKILL"), graceMs);
+      let bound: NodeJS.Timeout | undefined;
+      await Promise.race([exited, new Promise<void>((resolve) => (bound = setTimeout(resolve, graceMs + 1_000)))]);
+      clearTimeout(grace);
+      clearTimeout(bound);
+    }
+    // Its answers are all read before "close", which may come after "exit" (or never, if it cannot be killed).
+    for (const call of [...this.sent.values()]) {
+      if (call.answered) this.release(call);
+      else this.finish(call, shutdownError(call, "running"));
+    }
   }
 
   /** Move queued calls to the worker while there is a free slot, starting a worker if none runs. */
@@ -241,7 +260,7 @@ export class WorkerBridge {
   /** Why the worker went: stopped by us, never started (the cause from its stderr), or crashed mid-request. */
   private exitError(python: string, code: number | null, signal: NodeJS.Signals | null): BridgeError {
     const how = signal ? `was killed by ${signal}` : `exited with code ${code}`;
-    if (this.stopped) return new BridgeError("WORKER_UNAVAILABLE", `The Python worker stopped (it ${how})`);
+    if (this.stopped) return new BridgeError("REQUEST_CANCELLED", `The Python worker stopped (it ${how}): the server is shutting down`, { stage: "running" });
     // A worker that failed before it could redact (a traceback quoting a URL) must not hand a password on.
     const tail = redactCredentials(this.stderrTail.trim());
     const details = { exit_code: code, signal, ...(tail && { stderr_tail: tail }) };

@@ -14,7 +14,19 @@ import type { AddressInfo } from "node:net";
 
 import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import { type CallToolResult, isInitializeRequest, JSONRPCMessageSchema } from "@modelcontextprotocol/sdk/types.js";
+import type { TransportSendOptions } from "@modelcontextprotocol/sdk/shared/transport.js";
+import {
+  type CallToolResult,
+  isInitializeRequest,
+  isJSONRPCErrorResponse,
+  isJSONRPCNotification,
+  isJSONRPCRequest,
+  isJSONRPCResultResponse,
+  type JSONRPCMessage,
+  JSONRPCMessageSchema,
+  type MessageExtraInfo,
+  type RequestId,
+} from "@modelcontextprotocol/sdk/types.js";
 
 import { presentedKey, PrincipalRegistry, rateLimitMessage, type Principal } from "./auth.js";
 import type { HttpConfig } from "./config.js";
@@ -23,7 +35,7 @@ import { isObject } from "./json.js";
 import type { IrisRagServer } from "./server.js";
 
 interface Session {
-  transport: StreamableHTTPServerTransport;
+  transport: SessionTransport;
   server: Server;
   /** The key that opened the session; another key cannot use it. null: no keys configured. */
   principalId: string | null;
@@ -34,6 +46,93 @@ const LOOPBACK_HOSTS = new Set(["localhost", "127.0.0.1", "::1", "[::1]"]);
 
 /** How long one health check answers GET /health for. */
 const HEALTH_REUSE_MS = 1_000;
+/** Shutdown: how long the answers to the calls in progress may take to be written, once the worker is stopped. */
+const ANSWER_GRACE_MS = 2_000;
+/** Shutdown: how long open connections get to finish writing before they are cut. */
+const FLUSH_GRACE_MS = 500;
+
+const SHUTTING_DOWN = "The server is shutting down: send the request again once it is back";
+
+const delay = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Wait for the promise, at most ms (the timer is cleared as soon as the promise settles). */
+async function withinMs(promise: Promise<void>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([promise, new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)))]);
+  clearTimeout(timer);
+}
+
+/**
+ * The SDK's transport, plus what it leaves open: the SSE stream of a request the client cancelled. The
+ * server sends no response to a cancelled request (the SDK drops the handler's result, as the specification
+ * says), and the transport ends a POST's stream only once every request it carried is answered, so the
+ * stream stayed open, kept alive every 15 s, for the session's life. Here the stream ends once each request
+ * it carried is answered or cancelled. It also counts the requests still unanswered, so that a shutdown can
+ * wait for their answers before it closes the streams.
+ */
+class SessionTransport extends StreamableHTTPServerTransport {
+  /** Each request not yet answered or cancelled -> the unsettled requests of its POST (one Set per POST). */
+  private readonly unsettled = new Map<RequestId, Set<RequestId>>();
+  /** The requests of each POST being dispatched (the SDK passes one requestInfo to all of them). */
+  private readonly posts = new WeakMap<object, Set<RequestId>>();
+
+  constructor(options: ConstructorParameters<typeof StreamableHTTPServerTransport>[0]) {
+    super(options);
+    // Server.connect() keeps this handler and calls it before its own, for every message of every POST.
+    this.onmessage = (message: JSONRPCMessage, extra?: MessageExtraInfo) => this.observe(message, extra);
+  }
+
+  /** Requests this session has received and not yet answered (nor seen cancelled). */
+  get inProgress(): number {
+    return this.unsettled.size;
+  }
+
+  override async send(message: JSONRPCMessage, options?: TransportSendOptions): Promise<void> {
+    try {
+      await super.send(message, options);
+    } finally {
+      if ((isJSONRPCResultResponse(message) || isJSONRPCErrorResponse(message)) && message.id !== undefined) this.settle(message.id);
+    }
+  }
+
+  private observe(message: JSONRPCMessage, extra?: MessageExtraInfo): void {
+    if (isJSONRPCRequest(message)) {
+      const key: object | undefined = extra?.requestInfo;
+      let post = key && this.posts.get(key);
+      if (!post) {
+        post = new Set();
+        if (key) this.posts.set(key, post);
+      }
+      post.add(message.id);
+      this.unsettled.set(message.id, post);
+    } else if (isJSONRPCNotification(message) && message.method === "notifications/cancelled") {
+      const requestId: unknown = message.params?.requestId;
+      // After the server has seen the cancel (it aborts the handler and drops its result): no response comes.
+      if (typeof requestId === "string" || typeof requestId === "number") setImmediate(() => this.settle(requestId));
+    }
+  }
+
+  /**
+   * Shutdown, after the calls in progress had their time to be answered: answer each request still
+   * unanswered with a JSON-RPC error, so that no client is left with a stream that ends without an answer.
+   */
+  async answerUnsettled(message: string): Promise<void> {
+    for (const id of [...this.unsettled.keys()]) {
+      const error = { code: -32000, message, data: { code: "REQUEST_CANCELLED" } };
+      await this.send({ jsonrpc: "2.0", id, error }).catch(() => this.settle(id));
+    }
+  }
+
+  /** The request is answered or cancelled: end its POST's stream once no request of that POST is left. */
+  private settle(id: RequestId): void {
+    const post = this.unsettled.get(id);
+    if (!post) return;
+    this.unsettled.delete(id);
+    post.delete(id);
+    // A no-op when the SDK already ended the stream (every request of the POST answered).
+    if (post.size === 0) this.closeSSEStream(id);
+  }
+}
 
 export const isLoopback = (host: string): boolean => LOOPBACK_HOSTS.has(host) || /^127\.\d+\.\d+\.\d+$/.test(host);
 
@@ -62,6 +161,8 @@ export class HttpFrontDoor {
   private readonly registry: PrincipalRegistry | null;
   private readonly http: NodeHttpServer;
   private readonly sweeper: NodeJS.Timeout;
+  /** Set by close(): MCP requests are refused from then on. */
+  private closing = false;
 
   constructor(
     private readonly core: IrisRagServer,
@@ -94,11 +195,42 @@ export class HttpFrontDoor {
     return this.registry?.size ?? 0;
   }
 
-  async close(): Promise<void> {
+  /**
+   * Shut down: refuse new requests, run `stopWork` (stopping the worker answers every call in progress,
+   * REQUEST_CANCELLED), give those answers ANSWER_GRACE_MS to be written on their streams, then close the
+   * sessions and the connections. Closing the streams first would leave each call in progress an empty 200.
+   */
+  async close(stopWork: () => Promise<void> = async () => undefined): Promise<void> {
+    this.closing = true;
     clearInterval(this.sweeper);
-    await Promise.all([...this.sessions.values()].map((session) => session.transport.close().catch(() => undefined)));
+    const closed = new Promise<void>((resolve) => this.http.close(() => resolve()));
+    try {
+      await stopWork();
+    } catch (error) {
+      console.error(`[iris-rag] stopping the worker: ${String(error)}`);
+    }
+    const deadline = Date.now() + ANSWER_GRACE_MS;
+    while (this.inProgress() > 0 && Date.now() < deadline) await delay(20);
+    const sessions = [...this.sessions.values(), ...this.opening];
+    const left = this.inProgress();
+    if (left > 0) {
+      console.error(`[iris-rag] ${left} request(s) still unanswered ${ANSWER_GRACE_MS} ms after the worker stopped: answering them with an error`);
+      await Promise.all(sessions.map((session) => session.transport.answerUnsettled(SHUTTING_DOWN)));
+    }
+    await Promise.all(sessions.map((session) => session.transport.close().catch(() => undefined)));
+    // Let the responses just ended reach their sockets, then cut whatever is left (keep-alive connections).
+    await delay(0);
+    this.http.closeIdleConnections();
+    await withinMs(closed, FLUSH_GRACE_MS);
     this.http.closeAllConnections();
-    await new Promise<void>((resolve) => this.http.close(() => resolve()));
+    await closed;
+  }
+
+  /** Requests received on any session and not yet answered. */
+  private inProgress(): number {
+    let count = 0;
+    for (const session of [...this.sessions.values(), ...this.opening]) count += session.transport.inProgress;
+    return count;
   }
 
   private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -134,6 +266,11 @@ export class HttpFrontDoor {
       // say what is wrong instead (a progressToken that is an object, say), as on stdio (frames.ts).
       const rejection = isObject(body) && !JSONRPCMessageSchema.safeParse(body).success ? rejectMessage(body) : null;
       if (rejection) return refuse(res, 400, rejection.message, { id: rejection.id, code: rejection.code });
+    }
+
+    if (this.closing) {
+      const id = isObject(body) && (typeof body.id === "string" || typeof body.id === "number") ? body.id : null;
+      return refuse(res, 503, SHUTTING_DOWN, { id, headers: { connection: "close" } });
     }
 
     const sessionId = req.headers["mcp-session-id"];
@@ -197,7 +334,7 @@ export class HttpFrontDoor {
 
   private openSession(principal: Principal | null): Session {
     const server = this.core.newServer();
-    const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
+    const transport: SessionTransport = new SessionTransport({
       sessionIdGenerator: () => randomUUID(),
       onsessioninitialized: (id) => {
         this.opening.delete(session);

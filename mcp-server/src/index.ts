@@ -10,6 +10,9 @@ import { gatedInput } from "./frames.js";
 import { HttpFrontDoor } from "./http.js";
 import { createServer, type IrisRagServer } from "./server.js";
 
+/** The longest a shutdown may take (the worker's own grace is 3 s, then the answers are written). */
+const SHUTDOWN_LIMIT_MS = 10_000;
+
 async function main(): Promise<void> {
   const config = loadConfig();
   const core = createServer(config);
@@ -19,6 +22,11 @@ async function main(): Promise<void> {
     if (exiting) return;
     exiting = true;
     console.error(`[iris-rag] shutting down (${reason})`);
+    // Bounded whatever hangs: the worker is killed after its grace, and this exits even if that fails.
+    setTimeout(() => {
+      console.error(`[iris-rag] still shutting down after ${SHUTDOWN_LIMIT_MS} ms: exiting`);
+      process.exit(0);
+    }, SHUTDOWN_LIMIT_MS).unref();
     void close()
       .catch((error: unknown) => console.error(`[iris-rag] closing: ${String(error)}`))
       .then(() => core.cleanup())
@@ -48,7 +56,9 @@ async function serveHttp(config: Config, core: IrisRagServer): Promise<() => Pro
   const host = address.family === "IPv6" ? `[${address.address}]` : address.address;
   const keys = config.http.authFile ? `${door.principals} API key(s) from RAG_AUTH_FILE` : "no API keys (loopback only)";
   console.error(`[iris-rag] MCP server ready on http://${host}:${address.port}/mcp (health: /health; ${keys})`);
-  return () => door.close();
+  // Stop the worker before the streams close: it answers every call in progress, and those answers must
+  // reach the clients (closing the transports first left each call an empty 200 and its client waiting).
+  return () => door.close(() => core.cleanup());
 }
 
 main().catch((error: unknown) => {

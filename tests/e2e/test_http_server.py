@@ -26,6 +26,7 @@ from pydantic import AnyUrl
 from iris_rag.schemas import tool_specs
 from tests.e2e.mcp_harness import result_json
 from tests.e2e.test_mcp_server import DOCUMENTS
+from tests.fake_openai import FakeOpenAIServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -122,6 +123,50 @@ def keyed_server(
             server.process.wait(20)
         except subprocess.TimeoutExpired:
             server.process.kill()
+
+
+# A rag_ingest that takes seconds on any machine and reports progress all along: its chunks (about 300) go
+# to the embedding API's test double PACED_BATCH at a time, answered after PACE_S each (as test_progress.py).
+PACE_S = 0.4
+PACED_BATCH = 16
+SLOW_DOCUMENTS = [
+    {
+        "id": f"slow-{i}",
+        "content": " ".join(
+            f"Section {i}.{j}: glaciers in region {i} retreated {j} metres while sea ice thinned."
+            for j in range(40)
+        ),
+    }
+    for i in range(100)
+]
+
+
+@contextmanager
+def paced_server(
+    repo_root: Path,
+    server_entry: Path,
+    server_env: dict[str, str],
+    folder: Path,
+    settings: dict[str, str] | None = None,
+) -> Iterator[HttpServer]:
+    """keyed_server on a store of its own (in folder), embedding through a paced test double, so that
+    SLOW_DOCUMENTS' ingest is still running seconds after its first progress step."""
+    endpoint = FakeOpenAIServer()
+    endpoint.on_request = lambda body: (
+        time.sleep(PACE_S) if isinstance(body.get("input"), list) and len(body["input"]) > 1 else None
+    )
+    env = {**server_env, "RAG_DATA_DIR": str(folder / "data")}
+    paced = {
+        **endpoint.embedding_env(),
+        "EMBEDDING_BATCH_SIZE": str(PACED_BATCH),
+        "RAG_TECHNIQUES": "basic",
+        **(settings or {}),
+    }
+    try:
+        with keyed_server(repo_root, server_entry, env, folder, paced) as server:
+            yield server
+    finally:
+        endpoint.close()
 
 
 @pytest.fixture(scope="module")
@@ -448,3 +493,64 @@ async def test_initialize_reports_the_configured_name(seeded: HttpServer) -> Non
         )
     data = next(line[6:] for line in response.text.splitlines() if line.startswith("data: "))
     assert json.loads(data)["result"]["serverInfo"]["name"] == "iris-rag-e2e"
+
+
+async def test_a_cancelled_call_ends_its_response_stream(
+    repo_root: Path, server_entry: Path, server_env: dict[str, str], tmp_path: Path
+) -> None:
+    """After notifications/cancelled the server sends no response (as the specification says) but ends the
+    call's SSE stream: a client waiting on it is not left open for the session's life."""
+    with paced_server(repo_root, server_entry, server_env, tmp_path) as server:
+        headers = {**_ACCEPT, "Authorization": f"Bearer {KEYS['admin']}"}
+        async with httpx.AsyncClient(timeout=CALL_TIMEOUT_S) as http:
+            opened = await http.post(server.mcp, json=_initialize_body(), headers=headers)
+            assert opened.status_code == 200, opened.text
+            headers = {
+                **headers,
+                "mcp-session-id": opened.headers["mcp-session-id"],
+                "mcp-protocol-version": "2025-06-18",
+            }
+            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            assert (await http.post(server.mcp, json=initialized, headers=headers)).status_code == 202
+            ingest = {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {
+                    "name": "rag_ingest",
+                    "arguments": {"collection_id": "cancelled", "documents": SLOW_DOCUMENTS},
+                    "_meta": {"progressToken": "ingest-7"},
+                },
+            }
+            messages: list[dict[str, Any]] = []
+            async with http.stream("POST", server.mcp, json=ingest, headers=headers) as stream:
+                assert stream.status_code == 200
+                lines = stream.aiter_lines()
+                with anyio.fail_after(CALL_TIMEOUT_S):  # until the ingest is running: its first step
+                    async for line in lines:
+                        if line.startswith("data: "):
+                            messages.append(json.loads(line[6:]))
+                            break
+                assert messages and messages[0]["method"] == "notifications/progress", messages
+                cancel = {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/cancelled",
+                    "params": {"requestId": 7, "reason": "the test cancels it"},
+                }
+                assert (await http.post(server.mcp, json=cancel, headers=headers)).status_code == 202
+                # Before the fix the stream stayed open (": keepalive" every 15 s) until the session ended.
+                with anyio.fail_after(10):
+                    async for line in lines:
+                        if line.startswith("data: "):
+                            messages.append(json.loads(line[6:]))
+            assert all("id" not in message for message in messages), messages
+            # The session goes on serving.
+            listing = {
+                "jsonrpc": "2.0",
+                "id": 8,
+                "method": "tools/call",
+                "params": {"name": "rag_list_collections", "arguments": {}},
+            }
+            listed = await http.post(server.mcp, json=listing, headers=headers)
+            assert listed.status_code == 200
+            assert '"id":8' in listed.text.replace(" ", ""), listed.text

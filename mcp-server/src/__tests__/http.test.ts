@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
+import { CallToolRequestSchema, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 
 import { RateLimiter } from "../auth.js";
 import type { HttpConfig } from "../config.js";
@@ -15,13 +16,14 @@ import type { IrisRagServer } from "../server.js";
 const hash = (key: string) => createHash("sha256").update(key).digest("hex");
 
 /** A front door on a free loopback port over MCP servers with no worker (initialize and ping need none). */
-async function frontDoor(principals: unknown[], maxSessionsPerKey: number): Promise<{ door: HttpFrontDoor; url: string }> {
+async function frontDoor(
+  principals: unknown[],
+  maxSessionsPerKey: number,
+  newServer = () => new Server({ name: "t", version: "0" }, { capabilities: {} }),
+): Promise<{ door: HttpFrontDoor; url: string }> {
   const authFile = join(mkdtempSync(join(tmpdir(), "iris-rag-http-")), "principals.json");
   writeFileSync(authFile, JSON.stringify({ principals }));
-  const core = {
-    limiter: new RateLimiter(),
-    newServer: () => new Server({ name: "t", version: "0" }, { capabilities: {} }),
-  } as unknown as IrisRagServer;
+  const core = { limiter: new RateLimiter(), newServer } as unknown as IrisRagServer;
   const config: HttpConfig = { host: "127.0.0.1", port: 0, authFile, allowedOrigins: [], maxBodyBytes: 1 << 20, sessionIdleMs: 60_000, maxSessionsPerKey };
   const door = new HttpFrontDoor(core, config);
   const { port } = await door.listen();
@@ -89,5 +91,98 @@ describe("HTTP front door: what a key may spend", () => {
       id: 9,
       error: { code: -32602, message: "Invalid params: params._meta.progressToken must be a string or an integer, not an object" },
     });
+  });
+});
+
+/**
+ * Tools with no worker: `wait` runs until its call is cancelled (then the SDK sends no response) or the
+ * `release` below ends it with an error result, as stopping the worker does; `quick` answers after 100 ms;
+ * `stuck` never answers.
+ */
+function toolServers(): { newServer: () => Server; release: () => void } {
+  const waiting = new Set<() => void>();
+  const newServer = () => {
+    const server = new Server({ name: "t", version: "0" }, { capabilities: { tools: {} } });
+    server.setRequestHandler(CallToolRequestSchema, async (request, extra): Promise<CallToolResult> => {
+      const { name } = request.params;
+      if (name === "quick") await new Promise((resolve) => setTimeout(resolve, 100));
+      if (name === "stuck") await new Promise(() => undefined);
+      if (name === "wait") {
+        await new Promise<void>((resolve) => {
+          waiting.add(resolve);
+          extra.signal.addEventListener("abort", () => resolve());
+        });
+      }
+      return { content: [{ type: "text", text: name === "wait" ? "REQUEST_CANCELLED: shutting down" : "done" }], isError: name === "wait" };
+    });
+    return server;
+  };
+  const release = () => {
+    for (const resolve of waiting) resolve();
+    waiting.clear();
+  };
+  return { newServer, release };
+}
+
+const toolCall = (id: number, name: string) => ({ jsonrpc: "2.0", id, method: "tools/call", params: { name, arguments: {} } });
+const cancelled = (requestId: number) => ({ jsonrpc: "2.0", method: "notifications/cancelled", params: { requestId, reason: "test" } });
+
+/** POST a body; `text` settles when the server ends the response's stream. */
+async function open(url: string, key: string, body: unknown, session: string): Promise<{ text: Promise<string> }> {
+  const response = await fetch(url, {
+    method: "POST",
+    headers: { ...HEADERS, authorization: `Bearer ${key}`, "mcp-session-id": session, "mcp-protocol-version": "2025-06-18" },
+    body: JSON.stringify(body),
+  });
+  assert.equal(response.status, 200);
+  return { text: response.text() };
+}
+
+/** The JSON-RPC messages of an SSE body. */
+const events = (text: string): Array<Record<string, unknown>> =>
+  text
+    .split("\n")
+    .filter((line) => line.startsWith("data: "))
+    .map((line) => JSON.parse(line.slice(6)) as Record<string, unknown>);
+
+const within = <T>(promise: Promise<T>, ms: number, what: string): Promise<T> =>
+  Promise.race([promise, new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`${what}: nothing after ${ms} ms`)), ms).unref())]);
+
+describe("HTTP front door: streams of cancelled calls, and shutdown", () => {
+  const key = { id: "a", key_sha256: hash("ka"), scopes: ["read"], collections: "*" };
+
+  it("ends the stream of a cancelled call without a response, and a batch's once its other calls are answered", async (t) => {
+    const { newServer } = toolServers();
+    const { door, url } = await frontDoor([key], 32, newServer);
+    t.after(() => door.close());
+    const { session } = await post(url, "ka", initialize(1));
+    const alone = await open(url, "ka", toolCall(2, "wait"), session!);
+    const batch = await open(url, "ka", [toolCall(3, "wait"), toolCall(4, "quick")], session!);
+    for (const id of [2, 3]) assert.equal((await post(url, "ka", cancelled(id), session!)).status, 202);
+    assert.deepEqual(events(await within(alone.text, 3_000, "the cancelled call's stream")), []);
+    const answered = events(await within(batch.text, 3_000, "the batch's stream"));
+    assert.deepEqual(answered.map((message) => message.id), [4]);
+    assert.equal((await post(url, "ka", { jsonrpc: "2.0", id: 5, method: "ping" }, session!)).status, 200);
+  });
+
+  it("answers the calls in progress before it closes their streams, an error for one that never ends", async () => {
+    const { newServer, release } = toolServers();
+    const { door, url } = await frontDoor([key], 32, newServer);
+    const { session } = await post(url, "ka", initialize(1));
+    const running = await open(url, "ka", toolCall(2, "wait"), session!);
+    const stuck = await open(url, "ka", toolCall(3, "stuck"), session!);
+    let stopped = false;
+    const closed = door.close(async () => {
+      stopped = true;
+      release();
+    });
+    const [answer] = events(await within(running.text, 5_000, "the running call's stream"));
+    assert.ok(stopped);
+    assert.equal(answer?.id, 2);
+    assert.deepEqual(answer?.result, { content: [{ type: "text", text: "REQUEST_CANCELLED: shutting down" }], isError: true });
+    const [refusal] = events(await within(stuck.text, 5_000, "the stuck call's stream"));
+    assert.equal(refusal?.id, 3);
+    assert.match(JSON.stringify(refusal?.error), /shutting down.*REQUEST_CANCELLED/);
+    await within(closed, 5_000, "close()");
   });
 });
