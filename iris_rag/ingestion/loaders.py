@@ -8,19 +8,24 @@ from __future__ import annotations
 import codecs
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 from iris_rag.ingestion.formats import EXTRACTORS, FormatError
 from iris_rag.text import CsvProblem, csv_delimiter, csv_records, is_utf8
 
-TEXT_SUFFIXES = {".txt", ".md", ".markdown"}
+MARKDOWN_SUFFIXES = {".md", ".markdown"}
+TEXT_SUFFIXES = {".txt", *MARKDOWN_SUFFIXES}
+# YAML front matter: a "---" line first, then the YAML, then a "---" (or "...") line.
+_FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|$)", re.DOTALL)
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
 _ESCAPING_LINK = "a symlink that leads outside the allowed folders; skipped"
 _LINKED_FOLDER = "a symlink to a folder outside this one; not followed (name that folder itself)"
@@ -271,14 +276,50 @@ def _decoded(data: bytes) -> str:
 
 
 def _text_document(file: SourceFile, text: str, provenance: dict[str, Any]) -> SourceDocument:
-    title = file.path.stem
+    """A text or Markdown file: its title from front matter's `title`, a leading `# ` heading, or its name."""
+    fields: dict[str, Any] = {}
+    if file.path.suffix.lower() in MARKDOWN_SUFFIXES:
+        fields, text = _front_matter(text)
+    title = fields.pop("title", None) if isinstance(fields.get("title"), str) else None
     for line in text.splitlines():
-        if line.startswith("# "):
+        if line.startswith("# ") and not title:
             title = line[2:].strip()
-            break
         if line.strip():
             break
-    return SourceDocument(file.relative, text, title, {"source": str(file.path), **provenance})
+    metadata = {**fields, "source": str(file.path), **provenance}
+    return SourceDocument(file.relative, text, title or file.path.stem, metadata)
+
+
+def _front_matter(text: str) -> tuple[dict[str, Any], str]:
+    """A Markdown file's YAML front matter (Jekyll, Hugo, Obsidian) as fields, and the text after it.
+
+    Its scalars and lists of scalars become metadata (dates as ISO text), to filter on like any field;
+    anything else in it is left out. Text that does not start with a `---` block of YAML mapping is
+    returned whole, with no fields.
+    """
+    match = _FRONT_MATTER.match(text)
+    if match is None:
+        return {}, text
+    try:
+        parsed = yaml.safe_load(match.group(1))
+    except yaml.YAMLError:
+        return {}, text
+    if not isinstance(parsed, dict):
+        return {}, text
+    fields: dict[str, Any] = {}
+    for key, value in parsed.items():
+        if isinstance(value, list) and all(_scalar(v) is not None for v in value):
+            fields[str(key)] = [_scalar(v) for v in value]
+        elif (scalar := _scalar(value)) is not None:
+            fields[str(key)] = scalar
+    return fields, text[match.end() :]
+
+
+def _scalar(value: Any) -> str | int | float | bool | None:
+    """A front-matter value as JSON can hold it (a date as ISO text), or None for anything else."""
+    if isinstance(value, date):  # a datetime too
+        return value.isoformat()
+    return value if isinstance(value, str | int | float | bool) else None
 
 
 def _jsonl_documents(path: Path, text: str) -> Iterator[SourceDocument | SourceError]:

@@ -273,3 +273,34 @@ def test_a_symlinked_folder_is_reported_not_followed(tmp_path: Path) -> None:
             "a symlink to a folder outside this one; not followed (name that folder itself)",
         )
     ]
+
+
+def test_markdown_front_matter_gives_the_title_and_metadata(tmp_path: Path) -> None:
+    """Jekyll, Hugo and Obsidian notes start with YAML front matter: it was indexed as text, named by file."""
+    path = tmp_path / "2024-01-05-q1.md"
+    path.write_text(
+        "---\ntitle: Quarterly review\ntags: [finance, q1]\ndate: 2024-01-05\ndraft: false\n"
+        "author:\n  name: Ann\n---\n# Heading\n\nRevenue rose.\n",
+        encoding="utf-8",
+    )
+    [document] = list(iter_source(path))
+    assert isinstance(document, SourceDocument)
+    assert (document.title, document.content) == ("Quarterly review", "# Heading\n\nRevenue rose.\n")
+    assert {k: document.metadata[k] for k in ("tags", "date", "draft")} == {
+        "tags": ["finance", "q1"],
+        "date": "2024-01-05",
+        "draft": False,
+    }
+    assert "author" not in document.metadata  # a mapping: no metadata value to filter on
+    untitled = tmp_path / "note.md"
+    untitled.write_text("---\ntags: [x]\n---\n# From the heading\n\nText.\n", encoding="utf-8")
+    [note] = list(iter_source(untitled))
+    assert isinstance(note, SourceDocument) and note.title == "From the heading"
+    rule = tmp_path / "rule.md"  # a horizontal rule first, no YAML mapping: all of it is text
+    rule.write_text("---\nJust a line.\n---\nMore.\n", encoding="utf-8")
+    [plain] = list(iter_source(rule))
+    assert isinstance(plain, SourceDocument) and plain.content.startswith("---\nJust a line.")
+    text = tmp_path / "plain.txt"  # only Markdown has front matter
+    text.write_text("---\ntitle: no\n---\nBody.\n", encoding="utf-8")
+    [kept] = list(iter_source(text))
+    assert isinstance(kept, SourceDocument) and kept.title == "plain" and kept.content.startswith("---")
