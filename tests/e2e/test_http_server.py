@@ -25,8 +25,8 @@ from pydantic import AnyUrl
 
 from iris_rag.schemas import tool_specs
 from tests.e2e.mcp_harness import result_json
+from tests.e2e.paced import SLOW_DOCUMENTS, paced_endpoint, paced_settings
 from tests.e2e.test_mcp_server import DOCUMENTS
-from tests.fake_openai import FakeOpenAIServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -125,22 +125,6 @@ def keyed_server(
             server.process.kill()
 
 
-# A rag_ingest that takes seconds on any machine and reports progress all along: its chunks (about 300) go
-# to the embedding API's test double PACED_BATCH at a time, answered after PACE_S each (as test_progress.py).
-PACE_S = 0.4
-PACED_BATCH = 16
-SLOW_DOCUMENTS = [
-    {
-        "id": f"slow-{i}",
-        "content": " ".join(
-            f"Section {i}.{j}: glaciers in region {i} retreated {j} metres while sea ice thinned."
-            for j in range(40)
-        ),
-    }
-    for i in range(100)
-]
-
-
 @contextmanager
 def paced_server(
     repo_root: Path,
@@ -151,17 +135,9 @@ def paced_server(
 ) -> Iterator[HttpServer]:
     """keyed_server on a store of its own (in folder), embedding through a paced test double, so that
     SLOW_DOCUMENTS' ingest is still running seconds after its first progress step."""
-    endpoint = FakeOpenAIServer()
-    endpoint.on_request = lambda body: (
-        time.sleep(PACE_S) if isinstance(body.get("input"), list) and len(body["input"]) > 1 else None
-    )
+    endpoint = paced_endpoint()
     env = {**server_env, "RAG_DATA_DIR": str(folder / "data")}
-    paced = {
-        **endpoint.embedding_env(),
-        "EMBEDDING_BATCH_SIZE": str(PACED_BATCH),
-        "RAG_TECHNIQUES": "basic",
-        **(settings or {}),
-    }
+    paced = {**paced_settings(endpoint), **(settings or {})}
     try:
         with keyed_server(repo_root, server_entry, env, folder, paced) as server:
             yield server

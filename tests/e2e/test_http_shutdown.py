@@ -13,7 +13,8 @@ import pytest
 from mcp.types import CallToolResult
 
 from tests.e2e.mcp_harness import result_json
-from tests.e2e.test_http_server import KEYS, SLOW_DOCUMENTS, connect, paced_server
+from tests.e2e.paced import SLOW_DOCUMENTS
+from tests.e2e.test_http_server import KEYS, connect, paced_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
