@@ -13,7 +13,7 @@ from iris_rag.errors import GenerationFailedError, LlmServiceUnavailableError
 from iris_rag.llm import openai_client
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
-from iris_rag.text import query_terms, split_sentences, stem
+from iris_rag.text import query_terms, split_sentences, stem, word_count
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class ExtractiveGenerator:
         chosen: list[int] = []
         words = 0
         for i in ranked:
-            length = len(candidates[i][2].split())
+            length = word_count(candidates[i][2])
             if chosen and (len(chosen) >= self.max_sentences or words + length > max_tokens):
                 break
             chosen.append(i)

@@ -230,3 +230,13 @@ def test_extractive_skips_a_bare_heading_while_a_sentence_answers() -> None:
     alone = Passage(1, "faq", "FAQ", "Yes.", 0.8)  # nothing longer: quoted all the same
     said = ExtractiveGenerator().generate("is there an app", [alone], temperature=0, max_tokens=100)
     assert "- Yes. [1]" in said.answer
+
+
+def test_extractive_max_tokens_counts_chinese_characters_as_words() -> None:
+    """Chinese has no spaces: each sentence was one "word", so max_tokens never cut a Chinese answer."""
+    text = "".join(f"第{i}段这里讨论的是主题{i}它和其他段落没有关系。" for i in range(3))
+    passage = Passage(1, "zh", "长文", text, 0.8)
+    answer = ExtractiveGenerator(max_sentences=3).generate("主题", [passage], temperature=0, max_tokens=30)
+    assert sum(line.startswith("- ") for line in answer.answer.splitlines()) == 1
+    wide = ExtractiveGenerator(max_sentences=3).generate("主题", [passage], temperature=0, max_tokens=100)
+    assert sum(line.startswith("- ") for line in wide.answer.splitlines()) == 3
