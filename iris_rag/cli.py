@@ -17,13 +17,11 @@ from iris_rag.embedder import Embedder, resolve_model_path
 from iris_rag.errors import InvalidParametersError, RagError
 from iris_rag.ingestion.ingestor import CHUNKING_RANGES, stored_id
 from iris_rag.ingestion.loaders import (
-    SUPPORTED_SUFFIXES,
     CsvColumns,
+    NoSupportedFiles,
     SourceDocument,
     SourceError,
-    UnreadableFolder,
-    find_files,
-    read_file,
+    iter_source,
     shown,
 )
 from iris_rag.ingestion.sync import sync_folder
@@ -70,33 +68,23 @@ def cmd_ingest(args: argparse.Namespace, service: RagService) -> int:
     def documents() -> Iterator[SourceDocument]:
         nonlocal no_files
         columns = CsvColumns(args.text_column, args.id_column, args.title_column)
-        path = Path(args.path)
-        found = unlisted = 0
         seen: set[str] = set()  # ids already read: a later record with one is reported, whatever its batch
-        for item in find_files(path):
-            if isinstance(item, SourceError):
-                unlisted += isinstance(item, UnreadableFolder)
-                skipped(item)
-                continue
-            found += 1
-            for read in read_file(item, csv_columns=columns):
-                if isinstance(read, SourceError):
-                    skipped(read)
-                elif (document_id := stored_id(read)) in seen:
-                    message = f"document id {document_id!r} appears more than once in this ingest"
-                    message += "; the first is kept"
-                    document_errors.append(
-                        {"index": None, "id": read.id, "code": "DUPLICATE_DOCUMENT_ID", "message": message}
-                    )
-                    tqdm.write(f"skipped document {read.id}: {message}", file=sys.stderr)
-                else:
-                    seen.add(document_id)
-                    yield read
-        if path.is_dir() and not found and not unlisted:
-            # As rag_ingest's NO_FILES: a folder of only .doc or .rtf files must not look like a success.
-            no_files = True
-            kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
-            tqdm.write(f"skipped {shown(path)}: no files of a supported type ({kinds})", file=sys.stderr)
+        for read in iter_source(Path(args.path), csv_columns=columns, report_empty=True):
+            if isinstance(read, NoSupportedFiles):  # as rag_ingest's NO_FILES: no success, no file skipped
+                no_files = True
+                tqdm.write(f"skipped {read.location}: {read.message}", file=sys.stderr)
+            elif isinstance(read, SourceError):
+                skipped(read)
+            elif (document_id := stored_id(read)) in seen:
+                message = f"document id {document_id!r} appears more than once in this ingest"
+                message += "; the first is kept"
+                document_errors.append(
+                    {"index": None, "id": read.id, "code": "DUPLICATE_DOCUMENT_ID", "message": message}
+                )
+                tqdm.write(f"skipped document {read.id}: {message}", file=sys.stderr)
+            else:
+                seen.add(document_id)
+                yield read
 
     started = time.perf_counter()
     ingested = chunks = 0

@@ -72,6 +72,11 @@ class UnreadableFolder(SourceError):
     path: Path = Path()
 
 
+@dataclass(frozen=True)
+class NoSupportedFiles(SourceError):
+    """A folder that holds no file of a supported type (and none it could not list): rag_ingest's NO_FILES."""
+
+
 def shown(path: Path | str) -> str:
     """A path as text that can be printed and stored: bytes of a name that are not UTF-8 as escapes."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
@@ -102,10 +107,13 @@ class SourceFile:
 
 
 def iter_source(
-    path: Path, *, csv_columns: CsvColumns | None = None
+    path: Path, *, csv_columns: CsvColumns | None = None, report_empty: bool = False
 ) -> Iterator[SourceDocument | SourceError]:
-    """Read a file, or every supported file under a folder (sorted, so ids and order are stable)."""
-    for item in find_files(path):
+    """Read a file, or every supported file under a folder (sorted, so ids and order are stable).
+
+    `report_empty`: as find_files.
+    """
+    for item in find_files(path, report_empty=report_empty):
         if isinstance(item, SourceError):
             yield item
         else:
@@ -113,13 +121,19 @@ def iter_source(
 
 
 def find_files(
-    path: Path, *, root: Path | None = None, confine: Callable[[Path], bool] | None = None
+    path: Path,
+    *,
+    root: Path | None = None,
+    confine: Callable[[Path], bool] | None = None,
+    report_empty: bool = False,
 ) -> Iterator[SourceFile | SourceError]:
     """The supported files at path: the file itself, or those under the folder in path order.
 
     `root` (default: the folder, or a file's own folder) is what source paths are relative to. `confine`,
     when given, says whether a resolved path may be read: a symlink leading elsewhere is reported, not
-    read. Symlinked folders are never descended into, so a walk cannot loop.
+    read. Symlinked folders are never descended into, so a walk cannot loop. `report_empty`: a folder
+    with no supported file (and none it could not list) ends with NoSupportedFiles, so that an ingest of
+    only .doc files does not look like a success (sync leaves it out: an emptied folder is no error there).
     """
     if path.is_dir():
         base = root or path
@@ -144,6 +158,9 @@ def find_files(
                 elif is_file and entry.suffix.lower() in SUPPORTED_SUFFIXES:
                     found.append((entry, _source_file(entry, base)))
         yield from (item for _, item in sorted(found, key=lambda pair: pair[0]))
+        if report_empty and not any(isinstance(i, SourceFile | UnreadableFolder) for _, i in found):
+            kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
+            yield NoSupportedFiles(shown(path), f"no files of a supported type ({kinds})")
     elif not path.exists():
         yield SourceError(shown(path), "no such file or folder")
     elif path.is_file() and path.suffix.lower() not in SUPPORTED_SUFFIXES:

@@ -9,11 +9,10 @@ from typing import Any
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.loaders import (
-    SUPPORTED_SUFFIXES,
+    NoSupportedFiles,
     SourceDocument,
     SourceError,
     SourceFile,
-    UnreadableFolder,
     find_files,
     read_file,
 )
@@ -44,20 +43,14 @@ def read_paths(paths: list[str], roots: IngestRoots, *, max_bytes: int) -> PathD
     files: list[tuple[int, SourceFile]] = []
     seen: set[Path] = set()
     for position, (root, real) in enumerate(located):
-        found = unlisted = 0
-        for item in find_files(real, root=root, confine=roots.contains):
-            if isinstance(item, SourceError):
-                # A folder that could not be listed (UNREADABLE_FILE too): its files were not seen.
-                unlisted += isinstance(item, UnreadableFolder)
+        for item in find_files(real, root=root, confine=roots.contains, report_empty=True):
+            if isinstance(item, NoSupportedFiles):
+                result.file_error(position, item.location, item.message, "NO_FILES")
+            elif isinstance(item, SourceError):
                 result.file_error(position, item.location, item.message)
-                continue
-            found += 1
-            if (key := item.path.resolve()) not in seen:
+            elif (key := item.path.resolve()) not in seen:
                 seen.add(key)
                 files.append((position, item))
-        if real.is_dir() and not found and not unlisted:
-            kinds = ", ".join(sorted(SUPPORTED_SUFFIXES))
-            result.file_error(position, str(real), f"no files of a supported type ({kinds})", "NO_FILES")
     total = sum(file.size for _, file in files)
     if total > max_bytes:
         msg = (
