@@ -5,6 +5,7 @@ import { createInterface } from "node:readline";
 import { BridgeError, isErrorCode } from "./errors.js";
 import { redactCredentials } from "./redaction.js";
 import { isObject } from "./json.js";
+import { withinMs } from "./time.js";
 
 export interface BridgeOptions {
   python: string;
@@ -193,10 +194,8 @@ export class WorkerBridge {
       worker.stdin.end();
       const graceMs = this.options.shutdownGraceMs ?? 3_000;
       const grace = setTimeout(() => worker.kill("SIGKILL"), graceMs);
-      let bound: NodeJS.Timeout | undefined;
-      await Promise.race([exited, new Promise<void>((resolve) => (bound = setTimeout(resolve, graceMs + 1_000)))]);
+      await withinMs(exited, graceMs + 1_000);
       clearTimeout(grace);
-      clearTimeout(bound);
     }
     // Its answers are all read before "close", which may come after "exit" (or never, if it cannot be killed).
     for (const call of [...this.sent.values()]) {

@@ -33,6 +33,7 @@ import type { HttpConfig } from "./config.js";
 import { rejectMessage } from "./frames.js";
 import { isObject } from "./json.js";
 import type { IrisRagServer } from "./server.js";
+import { delay, withinMs } from "./time.js";
 
 interface Session {
   transport: SessionTransport;
@@ -53,14 +54,6 @@ const FLUSH_GRACE_MS = 500;
 
 const SHUTTING_DOWN = "The server is shutting down: send the request again once it is back";
 
-const delay = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** Wait for the promise, at most ms (the timer is cleared as soon as the promise settles). */
-async function withinMs(promise: Promise<void>, ms: number): Promise<void> {
-  let timer: NodeJS.Timeout | undefined;
-  await Promise.race([promise, new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)))]);
-  clearTimeout(timer);
-}
 
 /**
  * The SDK's transport, plus what it leaves open: the SSE stream of a request the client cancelled. The
