@@ -178,7 +178,7 @@ def extract_docx(data: bytes) -> Extracted:
         blocks.append(block.text)
     # A blank line between paragraphs (and table rows), as between HTML blocks and PDF pages: each ends
     # a sentence, so a heading or a list item is not run into the paragraph after it.
-    return Extracted(title.strip(), _tidy("\n\n".join(blocks)))
+    return Extracted(title.strip(), _tidy(_BLOCK_BREAK.join(blocks)))
 
 
 EXTRACTORS: dict[str, Callable[[bytes], Extracted]] = {
