@@ -572,7 +572,7 @@ class RagService:
 
     def _check_vector_store(self) -> tuple[str, str | None, dict[str, Any]]:
         """The store's sizes, and each technique index's state per collection (degraded if one failed)."""
-        details = self.store.stats()
+        details = self.store.stats() if access.sees_everything() else self._granted_sizes()
         build = self.index_build_state()
         details["index_build"] = build
         failed = [
@@ -582,6 +582,20 @@ class RagService:
             if state["state"] == "failed"
         ]
         return ("degraded", "; ".join(failed), details) if failed else ("healthy", None, details)
+
+    def _granted_sizes(self) -> dict[str, Any]:
+        """The sizes of the caller's granted collections, for a key restricted to some collections.
+
+        Such a key is not shown the others (store totals, GraphRAG's per-collection counts) nor where the
+        store keeps its files and what it holds in memory, which are the operator's (local user, admins).
+        """
+        granted = [c for c in self.store.list_collections() if access.can_see(c.id)]
+        return {
+            "backend": self.store.backend_name,
+            "collections": len(granted),
+            "documents": sum(c.document_count for c in granted),
+            "chunks": sum(c.chunk_count for c in granted),
+        }
 
     def index_build_state(self) -> dict[str, Any]:
         """INDEX_BUILD, documents queued, and per collection each technique index's state.

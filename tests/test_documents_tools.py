@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -252,3 +253,21 @@ def test_large_float_metadata_reads_back_as_a_float_on_every_backend(loaded: Rag
     assert {key: stored[key] for key in metadata} == metadata
     assert all(type(stored[key]) is type(value) for key, value in metadata.items())
     success_line(1, stored)  # what the worker writes: it must encode
+
+
+def test_health_details_show_a_key_only_its_own_collections(loaded: RagService) -> None:
+    """rag_health_check listed other keys' collections (GraphRAG's counts per collection, store totals)."""
+    loaded.ingest(
+        {"collection_id": "secret-papers", "documents": [{"id": "s", "content": "Tides follow the moon."}]}
+    )
+    loaded.wait_for_indexes()
+    everything = json.dumps(loaded.health_check({"include_details": True}))
+    assert "secret-papers" in everything  # the local user sees it: the check below can fail
+    other = Principal("other", frozenset({"read"}), frozenset({"docs"}))
+    with principal_scope(other):
+        health = loaded.health_check({"include_details": True})
+    assert "secret-papers" not in json.dumps(health)
+    store = health["components"]["vector_store"]["details"]
+    assert (store["collections"], store["documents"], store["chunks"]) == (1, 8, 8)
+    assert "path" not in store  # where the server keeps its files is not a key's business
+    assert list(store["index_build"]["collections"]) in ([], ["docs"])
