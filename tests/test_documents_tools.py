@@ -271,3 +271,14 @@ def test_health_details_show_a_key_only_its_own_collections(loaded: RagService) 
     assert (store["collections"], store["documents"], store["chunks"]) == (1, 8, 8)
     assert "path" not in store  # where the server keeps its files is not a key's business
     assert list(store["index_build"]["collections"]) in ([], ["docs"])
+
+
+def test_the_embedding_cache_tells_a_key_nothing_of_collections_it_cannot_see(loaded: RagService) -> None:
+    """embeddings_reused (and the time saved) told a key whether another collection held a given text."""
+    held = {"id": "probe", "title": DOCUMENTS[0]["title"], "content": DOCUMENTS[0]["content"]}
+    assert loaded.ingest({"collection_id": "other", "documents": [held]})["embeddings_reused"] == 1
+    writer = Principal("writer", frozenset({"read", "write"}), frozenset({"mine"}))
+    with principal_scope(writer):
+        first = loaded.ingest({"collection_id": "mine", "documents": [held]})
+        again = loaded.ingest({"collection_id": "mine", "documents": [{**held, "id": "again"}]})
+    assert (first["embeddings_reused"], again["embeddings_reused"]) == (0, 1)

@@ -11,7 +11,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from iris_rag import progress
+from iris_rag import access, progress
 from iris_rag.cancellation import check_cancelled
 from iris_rag.encoder import TextEncoder
 from iris_rag.errors import InvalidParametersError
@@ -215,7 +215,10 @@ class Ingestor:
                 ]
             shared = self._encoding_source.encode_chunks(texts, pooling)
         progress.stage(f"embedding {len(texts)} chunks of {len(accepted)} documents")
-        vectors, result.embeddings_reused = self._embed(texts, shared)
+        # A key restricted to some collections reuses only its collection's vectors: a shared hit (and its
+        # time saved) would tell it that a collection it cannot see holds the same text.
+        scope = "" if access.sees_everything() else collection_id
+        vectors, result.embeddings_reused = self._embed(texts, shared, scope)
 
         inputs: list[DocumentInput] = []
         row = 0
@@ -253,14 +256,17 @@ class Ingestor:
         return result
 
     def _embed(
-        self, texts: list[str], shared: list[ChunkEncoding] | None = None
+        self, texts: list[str], shared: list[ChunkEncoding] | None = None, scope: str = ""
     ) -> tuple[npt.NDArray[np.float32], int]:
         """Vectors for the texts, from the cache where the same model already embedded the same text.
 
         `shared`: an index's forward pass over the same texts; its exact dense vectors are used as is.
+        `scope`: a collection id keeps the cache entries to that collection ("": shared by all); texts
+        hold no NUL (dropped at ingest), so a scoped key never equals a shared one.
         """
         model = self.settings.embedding_model_id
-        hashes = [hashlib.sha256(text.encode("utf-8")).digest()[:16] for text in texts]
+        prefix = f"{scope}\x00" if scope else ""
+        hashes = [hashlib.sha256(f"{prefix}{text}".encode()).digest()[:16] for text in texts]
         cached = self.store.cached_embeddings(model, list(set(hashes)))
         known = {} if shared is None else {h: e.dense for h, e in zip(hashes, shared, strict=True)}
         missing = list({h: text for h, text in zip(hashes, texts, strict=True) if h not in cached}.items())
