@@ -136,6 +136,12 @@ class SqlRejectedError(RagError):
     code = "SQL_REJECTED"
 
 
+class ResultTooLargeError(RagError):
+    """The answer is longer than one bridge line may be (MAX_ANSWER_BYTES): the caller should ask for less."""
+
+    code = "RESULT_TOO_LARGE"
+
+
 class RequestCancelledError(RagError):
     """The request was cancelled (by the client, or by the front end when it timed out) before it finished."""
 

@@ -57,7 +57,27 @@ def openai_compatible_client(
     """An OpenAI-compatible client: the LLM's (above) or the embedding API's (EMBEDDING_BASE_URL...)."""
     from openai import OpenAI
 
-    return OpenAI(api_key=api_key or "not-set", base_url=base_url, timeout=timeout_s, max_retries=max_retries)
+    base, query = endpoint_url(base_url, with_key=bool(api_key)) if base_url else (None, {})
+    return OpenAI(
+        api_key=api_key or "not-set",
+        base_url=base,
+        default_query=query or None,
+        timeout=timeout_s,
+        max_retries=max_retries,
+    )
+
+
+def endpoint_url(base_url: str, *, with_key: bool) -> tuple[str, dict[str, str]]:
+    """A base URL as a client joins paths to it, and the query parameters every request carries instead.
+
+    The query comes off: the OpenAI client appends a path to the whole URL (/v1?k=v: /v1/?k=vchat/...).
+    With a key, so does user:password@: httpx would send it as Basic auth in place of the key's Bearer.
+    """
+    import httpx
+
+    url = httpx.URL(base_url)
+    bare = url.copy_with(query=None, fragment=None, **({"userinfo": b""} if with_key else {}))
+    return str(bare), dict(url.params.multi_items())
 
 
 class TechniqueLLM:

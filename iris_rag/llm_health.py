@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from iris_rag.llm import endpoint_url
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 
@@ -60,13 +61,17 @@ class LlmProbe:
         if settings.llm_provider != "openai":
             return LlmStatus("healthy", None, {**info, "probed": False}, now)
         info |= {"base_url": redact(base_url, secrets), "probed": True}
-        url = base_url.rstrip("/") + "/models"
-        headers = {}
-        if settings.llm_api_key is not None:
-            headers["Authorization"] = f"Bearer {settings.llm_api_key.get_secret_value()}"
+        api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else ""
+        base, query = endpoint_url(base_url, with_key=bool(api_key))  # as the answers' client sends it
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         started = time.perf_counter()
         try:
-            response = httpx.get(url, headers=headers, timeout=min(PROBE_TIMEOUT_S, settings.llm_timeout_s))
+            response = httpx.get(
+                base.rstrip("/") + "/models",
+                params=query,
+                headers=headers,
+                timeout=min(PROBE_TIMEOUT_S, settings.llm_timeout_s),
+            )
         except httpx.HTTPError as exc:
             error = redact(f"the LLM server is unreachable: {type(exc).__name__}: {exc}", secrets)
             return LlmStatus("unhealthy", error, info, time.monotonic())

@@ -52,7 +52,7 @@ class FakeOpenAIServer:
                     fake.on_request(body)
                 if fake.status != 200:
                     payload: dict[str, Any] = {"error": {"message": "fake failure", "type": "server_error"}}
-                elif self.path.endswith("/embeddings"):
+                elif self.path.partition("?")[0].endswith("/embeddings"):
                     texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
                     size = int(body.get("dimensions") or EMBEDDING_DIMENSIONS)
                     payload = {

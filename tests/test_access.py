@@ -105,3 +105,52 @@ def test_rag_sqlrag_answers_a_hidden_collections_table_as_one_that_does_not_exis
     arguments = {"query": "count", "collection_id": "papers", "technique_params": sql}
     ok, error = dispatcher.call("execute", {"technique": "sqlrag", "arguments": arguments})
     assert not ok and "not in allowed_tables" in error["message"]
+
+
+def test_rag_ingest_table_replaces_only_a_table_of_its_own_collection(any_service: RagService) -> None:
+    """A table name is one per store: naming another collection's table, or a shared one, replaces nothing.
+
+    Security report, defect 2: a key that may write only its own collection replaced (and so read and
+    destroyed) another collection's table and a shared table by ingesting a table of the same name.
+    """
+    dispatcher = Dispatcher(any_service)
+    for collection in ("papers", "secret"):
+        any_service.ingest({"collection_id": collection, "documents": DOCS})
+
+    def ingest_table(arguments: dict[str, object], principal: Principal | None = ALICE) -> dict[str, object]:
+        ok, answer = dispatcher.call("ingest_table", {"rows": [{"who": "alice"}], **arguments}, principal)
+        return {"ok": ok, **answer}
+
+    def rows(collection: str, table: str) -> list[list[object]]:
+        sql = {"sql": f"SELECT * FROM {table}", "combine_with_vector": False}
+        arguments = {"query": "q", "collection_id": collection, "technique_params": sql}
+        ok, result = dispatcher.call("execute", {"technique": "sqlrag", "arguments": arguments})
+        assert ok, result
+        found: list[list[object]] = result["metadata"]["technique_specific"]["rows"]
+        return found
+
+    assert ingest_table({"table": "pay", "collection_id": "secret", "rows": [{"who": "bob"}]}, None)["ok"]
+    assert ingest_table({"table": "shared", "rows": [{"who": "everyone"}]}, None)["ok"]
+
+    # Another collection's table, hidden from the key: FORBIDDEN, naming neither its collection nor more.
+    hidden = ingest_table({"table": "pay", "collection_id": "papers"})
+    assert not hidden["ok"] and hidden["code"] == "FORBIDDEN", hidden
+    assert "secret" not in orjson.dumps(hidden).decode()
+    assert rows("secret", "t_pay") == [["bob"]], "the other collection's table is untouched"
+    # A shared table needs a key granted every collection, whatever collection_id names.
+    shared = ingest_table({"table": "shared", "collection_id": "papers"})
+    assert not shared["ok"] and shared["code"] == "FORBIDDEN", shared
+    assert rows("papers", "t_shared") == [["everyone"]]
+    # The key's own table is replaced as before.
+    assert ingest_table({"table": "mine", "collection_id": "papers"})["ok"]
+    again = ingest_table({"table": "mine", "collection_id": "papers", "rows": [{"who": "alice again"}]})
+    assert again["ok"] and again["replaced"] is True and rows("papers", "t_mine") == [["alice again"]]
+
+    # Even a caller who may write both collections does not move a table by naming another collection:
+    # the owner's statements would lose it without a word. The refusal names the owner.
+    for owner, target in (("secret", "papers"), (None, "papers"), ("secret", None)):
+        table = "pay" if owner else "shared"
+        moved = ingest_table({"table": table, **({"collection_id": target} if target else {})}, None)
+        assert not moved["ok"] and moved["code"] == "INVALID_PARAMETERS", moved
+        assert (repr(owner) if owner else "shared by every collection") in str(moved["message"])
+    assert rows("secret", "t_pay") == [["bob"]] and rows("papers", "t_shared") == [["everyone"]]

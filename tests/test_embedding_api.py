@@ -144,9 +144,52 @@ def test_an_endpoint_that_fails_is_embedding_service_unavailable(
         service.close()
 
 
-def test_colbert_is_refused_at_start_by_name(tmp_path: Path, endpoint: FakeOpenAIServer) -> None:
+def test_a_base_url_with_a_query_and_userinfo_keeps_its_paths_and_the_key(
+    tmp_path: Path, endpoint: FakeOpenAIServer
+) -> None:
+    """The path goes before the URL's query (the client appended /embeddings to the query), and the key
+    goes as Bearer (httpx replaced it with the URL's user:password as Basic auth)."""
+    url = endpoint.base_url.replace("http://", "http://user:url-secret-pw@") + "?api-version=2024-06"
+    service = RagService(_settings(tmp_path, url))
+    try:
+        service.embedder.encode_query("lava")
+        assert endpoint.requests
+        for request in endpoint.requests:
+            assert (request["path"], request["auth"]) == (
+                "/v1/embeddings?api-version=2024-06",
+                f"Bearer {KEY}",
+            )
+    finally:
+        service.close()
+
+
+def test_colbert_is_refused_at_start_by_name(
+    tmp_path: Path,
+    endpoint: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from iris_rag.cli import main
+
     with pytest.raises(ValueError, match="rag_colbert needs the local embedding model"):
         RagService(_settings(tmp_path, endpoint.base_url, RAG_TECHNIQUES="basic,colbert"))
+    # The command line with the default techniques: one line, as any setting that is not valid.
+    documents = tmp_path / "docs.txt"
+    documents.write_text("some text", encoding="utf-8")
+    for name, value in {
+        "RAG_DATA_DIR": str(tmp_path / "data"),
+        "EMBEDDING_PROVIDER": "openai",
+        "EMBEDDING_MODEL": "fake-embedder",
+        "EMBEDDING_BASE_URL": endpoint.base_url,
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("RAG_TECHNIQUES", raising=False)
+    assert main(["ingest", str(documents), "--collection", "c"]) == 2
+    error = capsys.readouterr().err
+    assert (
+        error.startswith("error: rag_colbert needs the local embedding model")
+        and len(error.splitlines()) == 1
+    )
 
 
 def test_the_api_needs_a_model_name(tmp_path: Path) -> None:

@@ -161,22 +161,45 @@ def test_the_command_line_names_an_unreachable_database_without_a_traceback(
     assert "Traceback" not in error
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        # an unclosed IPv6 bracket: urlsplit raises ValueError
+        ("postgresql://rag:TopSecretPw42@[::1/rag", "is not a valid PostgreSQL URL"),
+        # one character mistyped: the driver quotes the whole value ('missing "=" after "postgres//..."')
+        ("postgres//rag:TopSecretPw42@127.0.0.1:1/rag", "is not a valid PostgreSQL URL"),
+        ("postgresql:/rag:TopSecretPw42@127.0.0.1:1/rag", "is not a valid PostgreSQL URL"),
+        ("rag:TopSecretPw42@127.0.0.1:1/rag", "is not a valid PostgreSQL URL"),
+        # an unencoded @ in the password: the driver cuts at the first one and names the host 'cretPw42@...'
+        ("postgresql://rag:TopSe@cretPw42@127.0.0.1:1/rag", "cannot be reached"),
+        # an unencoded / in it: the driver reads 'rag:TopSe' as host and port
+        ("postgresql://rag:TopSe/cretPw42@127.0.0.1:1/rag", "cannot be reached"),
+    ],
+    ids=["bracket", "no-colon", "one-slash", "no-scheme", "at-in-password", "slash-in-password"],
+)
 def test_a_malformed_postgres_url_is_named_without_its_password(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    url: str,
+    said: str,
 ) -> None:
     from iris_rag.cli import main
 
-    url = "postgresql://rag:TopSecretPw42@[::1/rag"  # an unclosed IPv6 bracket: urlsplit raises ValueError
+    pieces = ("TopSecretPw42", "TopSe@cretPw42", "TopSe/cretPw42", "cretPw42", "TopSe")
     settings = Settings(RAG_DATA_DIR=tmp_path, RAG_STORE="postgres", RAG_POSTGRES_URL=url)
-    assert "TopSecretPw42" in settings.llm_secrets
-    with pytest.raises(DatabaseConnectionFailedError, match="RAG_POSTGRES_URL is not a valid PostgreSQL URL"):
+    with pytest.raises(DatabaseConnectionFailedError, match=said) as failure:
         create_store(settings)
+    message = json.dumps(failure.value.to_dict())
+    assert not [piece for piece in pieces if piece in message], message
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("RAG_STORE", "postgres")
     monkeypatch.setenv("RAG_POSTGRES_URL", url)
     assert main(["health", "--quick"]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("error DATABASE_CONNECTION_FAILED: ") and "TopSecretPw42" not in error
+    assert error.startswith("error DATABASE_CONNECTION_FAILED: ") and "Traceback" not in error
+    assert not [piece for piece in pieces if piece in error + caplog.text], error
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
+import io
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -7,7 +9,8 @@ import pytest
 from iris_rag.embedder import Embedder
 from iris_rag.errors import GenerationFailedError
 from iris_rag.generation import ExtractiveGenerator, OpenAIGenerator, Passage, nothing_found
-from iris_rag.redaction import redact
+from iris_rag.llm_health import LlmProbe
+from iris_rag.redaction import RedactingFilter, redact
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.conftest import DOCUMENTS, ask
@@ -140,10 +143,53 @@ def _with_credentials(base_url: str) -> str:
     return base_url.replace("http://", "http://alice:s3cret-pass@") + "?api_key=KEY-123456&token=tok-98765"
 
 
+def test_a_base_url_with_a_query_and_userinfo_keeps_its_paths_and_the_key(
+    tmp_path: Path, fake_llm: FakeOpenAIServer
+) -> None:
+    """Answers and the health probe: the path goes before the URL's query (the client appended it to the
+    query), and LLM_API_KEY goes as Bearer (httpx replaced it with the URL's user:password as Basic)."""
+    query = "?api_key=KEY-123456&token=tok-98765"
+    settings = _credential_settings(tmp_path, _with_credentials(fake_llm.base_url))
+    OpenAIGenerator(settings).generate("does aspirin help", PASSAGES, temperature=0, max_tokens=9)
+    LlmProbe(settings).check()
+    assert [(r["path"], r["auth"]) for r in fake_llm.requests] == [
+        (f"/v1/chat/completions{query}", "Bearer sk-test-secret"),
+        (f"/v1/models{query}", "Bearer sk-test-secret"),
+    ]
+    # Without a key the URL's user:password is the only credential: sent as Basic auth, as before.
+    fake_llm.requests.clear()
+    keyless = settings.model_copy(update={"llm_api_key": None})
+    OpenAIGenerator(keyless).generate("does aspirin help", PASSAGES, temperature=0, max_tokens=9)
+    LlmProbe(keyless).check()
+    assert [r["auth"].split()[0] for r in fake_llm.requests] == ["Basic", "Basic"]
+
+
 def test_redact_masks_userinfo_key_parameters_and_secret_values() -> None:
     text = "GET http://alice:s3cret-pass@host:8080/v1?api_key=KEY-123456&x=1&token=tok-98765 (s3cret-pass)"
     redacted = redact(text, ["s3cret-pass"])
     assert redacted == "GET http://***@host:8080/v1?api_key=***&x=1&token=*** (***)"
+
+
+def test_the_log_filter_masks_messages_their_arguments_and_tracebacks() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter(["sk-test-secret"]))
+    logger = logging.getLogger("tests.redacted")
+    logger.addHandler(handler)
+    try:
+        logger.warning("HTTP Request: GET %s", "http://alice:s3cret-pass@h/v1?api_key=KEY-123456")
+        try:
+            raise RuntimeError("refused with sk-test-secret")
+        except RuntimeError:
+            logger.exception("the call failed")
+    finally:
+        logger.removeHandler(handler)
+    written = stream.getvalue()
+    assert (
+        "HTTP Request: GET http://***@h/v1?api_key=***" in written
+        and "RuntimeError: refused with ***" in written
+    )
+    assert not _leaks(written), written
 
 
 @pytest.mark.parametrize("reachable", [True, False], ids=["server-error", "unreachable"])
@@ -166,7 +212,7 @@ def test_credentials_in_the_base_url_never_appear_in_errors_or_health(
         with pytest.raises(GenerationFailedError) as failure:
             ask(service, "aspirin")
         message = json.dumps(failure.value.to_dict())
-        assert "***@127.0.0.1" in message
+        assert "the LLM at http://127.0.0.1:" in message  # the key goes as Bearer: the URL keeps no userinfo
         assert not _leaks(message), message
         for technique in ("hyde", "crag"):
             arguments = {"query": "aspirin", "collection_id": "docs", "options": {"generate": False}}

@@ -44,19 +44,27 @@ def create_store(settings: Settings) -> DocumentStore:
 
         assert settings.postgres_url is not None  # Settings refuses RAG_STORE=postgres without a URL
         url = settings.postgres_url.get_secret_value()
+        secrets = settings.llm_secrets  # the URL's password and its pieces (url_userinfo, with_pieces)
         try:
             psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S).close()
-            return PostgresStore(url, max_connections=settings.worker_threads + 4)
         except psycopg.ProgrammingError as exc:
-            # A malformed URL: the driver's message quotes it whole, password included.
-            said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            msg = f"RAG_POSTGRES_URL is not a valid PostgreSQL URL: {redact(said, settings.llm_secrets)}"
+            # Only the URL's parsing raises it here: the driver's message quotes the URL, or a piece of it.
+            msg = f"RAG_POSTGRES_URL is not a valid PostgreSQL URL: {_first_line(exc, secrets)}"
             raise DatabaseConnectionFailedError(msg) from None
         except Exception as exc:
-            failure = connection_failure(exc, settings.llm_secrets)
+            failure = connection_failure(exc, secrets)
             if failure is None:
                 raise
             raise failure from exc
+        try:
+            return PostgresStore(url, max_connections=settings.worker_threads + 4)
+        except psycopg.Error as exc:
+            failure = connection_failure(exc, secrets)
+            if failure is not None:
+                raise failure from exc
+            # The migrations' statements: a role without the right to create the tables, say.
+            msg = f"the PostgreSQL store cannot be set up: {type(exc).__name__}: {_first_line(exc, secrets)}"
+            raise DatabaseConnectionFailedError(msg) from None
     try:
         return SqliteStore(
             settings.database_path,
@@ -85,14 +93,18 @@ def connection_failure(
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if _lost_server(current):
-            message = redact(
-                str(current).strip().splitlines()[0] if str(current).strip() else "", secrets or []
-            )
             return DatabaseConnectionFailedError(
-                f"the PostgreSQL server cannot be reached: {type(current).__name__}: {message}"
+                f"the PostgreSQL server cannot be reached: {type(current).__name__}: "
+                f"{_first_line(current, secrets or [])}"
             )
         current = current.__cause__ or current.__context__
     return None
+
+
+def _first_line(error: BaseException, secrets: list[str]) -> str:
+    """The driver's message, its first line, credentials masked (it may quote the URL, or a piece of it)."""
+    said = str(error).strip()
+    return redact(said.splitlines()[0], secrets) if said else ""
 
 
 def _lost_server(error: BaseException) -> bool:

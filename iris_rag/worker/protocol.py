@@ -21,6 +21,11 @@ CANCEL_REASONS = {
     "client": "cancelled by the client",
 }
 TIMEOUT_REASON = CANCEL_REASONS["timeout"]
+# The longest answer line the worker writes (newline included): past it the call gets RESULT_TOO_LARGE.
+# The front end reads each line whole into one string and then copies it into the MCP result (twice over:
+# text and structuredContent), so it stays far below V8's longest string (about 512 M characters);
+# bridge.ts MAX_ANSWER_BYTES is the same number (tests/worker/test_answers.py).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 # The front end writes "id" first; this reads it from a line that is not valid JSON further on (a lone
 # surrogate, nesting past orjson's limit), so the error still reaches the call that sent it.

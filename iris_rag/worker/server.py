@@ -20,14 +20,16 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, BinaryIO
 
 from iris_rag.cancellation import CancelToken, cancellation_scope
-from iris_rag.errors import RagError
+from iris_rag.errors import RagError, ResultTooLargeError
 from iris_rag.progress import ProgressSink, progress_scope
+from iris_rag.redaction import redact_logs
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import SettingsError, load_settings
 from iris_rag.worker.dispatch import CONTROL, Dispatcher
 from iris_rag.worker.protocol import (
     CANCEL_REASONS,
+    MAX_ANSWER_BYTES,
     Request,
     RequestId,
     error_line,
@@ -106,6 +108,8 @@ class WorkerServer:
             logger.exception("the answer to %s could not be encoded", request.method)
             message = f"the answer could not be encoded ({exc}); this is a server bug, please report it"
             line = error_line(request.id, {"code": "INTERNAL_ERROR", "message": message})
+        if len(line) > MAX_ANSWER_BYTES:
+            line = error_line(request.id, _too_large(request.method, len(line)).to_dict())
         try:
             self.write(line)
         except OSError as exc:
@@ -187,6 +191,14 @@ class WorkerServer:
         return not unfinished
 
 
+def _too_large(method: str, size: int) -> ResultTooLargeError:
+    message = (
+        f"the answer to {method} is {size:,} bytes, past the {MAX_ANSWER_BYTES:,}-byte limit of one answer; "
+        "ask for less (fewer rows, documents or results, shorter text)"
+    )
+    return ResultTooLargeError(message, {"bytes": size, "max_bytes": MAX_ANSWER_BYTES})
+
+
 def _skip_rest_of_line(reader: BinaryIO) -> None:
     while True:
         part = reader.readline(1 << 20)
@@ -210,11 +222,13 @@ def main() -> None:
         stream=sys.stderr,
         format="%(asctime)s worker %(levelname)s %(message)s",
     )
+    redact_logs(settings.llm_secrets)
     try:
         service = RagService(settings)
-    except RagError as exc:
+    except (RagError, SettingsError) as exc:
         # The front end answers every call with this code (bridge.ts reads the "fatal CODE:" line).
-        sys.stderr.write(f"fatal {exc.code}: {exc.message}\n")
+        code, message = (exc.code, exc.message) if isinstance(exc, RagError) else ("WORKER_UNAVAILABLE", exc)
+        sys.stderr.write(f"fatal {code}: {message}\n")
         sys.stderr.flush()
         os._exit(1)
     server = WorkerServer(

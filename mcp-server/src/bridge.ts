@@ -1,6 +1,5 @@
 import type { Principal } from "./auth.js";
 import { spawn, type ChildProcessWithoutNullStreams } from "node:child_process";
-import { createInterface } from "node:readline";
 
 import { BridgeError, isErrorCode } from "./errors.js";
 import { redactCredentials } from "./redaction.js";
@@ -77,6 +76,14 @@ interface WorkerResponse {
   error?: { code?: unknown; message?: unknown; details?: unknown };
 }
 
+/**
+ * The longest worker line the bridge reads (newline excluded): iris_rag/worker/protocol.py MAX_ANSWER_BYTES,
+ * past which the worker answers RESULT_TOO_LARGE itself. A longer line is dropped, never held whole: one
+ * past V8's longest string would throw out of the line reader and end the process.
+ */
+export const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
+/** How much of a dropped line is kept to read the id the worker writes first. */
+const LINE_HEAD_BYTES = 512;
 const STDERR_TAIL_CHARS = 2_000;
 const DEFAULT_CANCEL_GRACE_MS = 30_000;
 
@@ -92,6 +99,70 @@ export function causeFromStderr(stderr: string): string | undefined {
     .map((line) => line.trim())
     .filter(Boolean);
   return [...lines].reverse().find((line) => /(Error|Exception)\b|^fatal\b/i.test(line)) ?? lines.at(-1);
+}
+
+/** The id at the start of a worker line (`{"id": ...`, written first), read without parsing the rest. */
+function leadingId(head: string): string | undefined {
+  const match = /^\s*\{\s*"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)/.exec(head);
+  try {
+    return match ? String(JSON.parse(match[1]!)) : undefined;
+  } catch {
+    return undefined; // a bad escape: as unreadable as no id
+  }
+}
+
+/**
+ * Splits a byte stream into UTF-8 lines of at most maxBytes (newline excluded). A longer line is not kept:
+ * its first LINE_HEAD_BYTES and its length go to onOverlong, the rest is dropped up to its newline, and the
+ * lines after it are read as usual.
+ */
+class LineSplitter {
+  private parts: Buffer[] = [];
+  private size = 0;
+  /** The start of the over-long line being dropped, while it is. */
+  private dropping?: Buffer;
+
+  constructor(
+    private readonly maxBytes: number,
+    private readonly onLine: (line: string) => void,
+    private readonly onOverlong: (head: string, bytes: number) => void,
+  ) {}
+
+  push(chunk: Buffer): void {
+    let start = 0;
+    while (start < chunk.length) {
+      const newline = chunk.indexOf(0x0a, start);
+      this.take(chunk.subarray(start, newline < 0 ? chunk.length : newline));
+      if (newline < 0) return;
+      this.endLine();
+      start = newline + 1;
+    }
+  }
+
+  /** The stream ended: a last line without a newline is still a line. */
+  end(): void {
+    if (this.size > 0 || this.dropping) this.endLine();
+  }
+
+  private take(piece: Buffer): void {
+    this.size += piece.length;
+    if (this.dropping) return;
+    if (this.size > this.maxBytes) {
+      this.dropping = Buffer.concat([...this.parts, piece], Math.min(LINE_HEAD_BYTES, this.size));
+      this.parts = [];
+    } else if (piece.length > 0) {
+      this.parts.push(piece);
+    }
+  }
+
+  private endLine(): void {
+    const { dropping, parts, size } = this;
+    this.parts = [];
+    this.size = 0;
+    this.dropping = undefined;
+    if (dropping) this.onOverlong(dropping.toString("utf8"), size);
+    else this.onLine(Buffer.concat(parts, size).toString("utf8"));
+  }
 }
 
 /**
@@ -241,7 +312,9 @@ export class WorkerBridge {
     });
     // A write to a worker that just died raises EPIPE here; the exit handler does the cleanup.
     worker.stdin.on("error", (error) => console.error(`[iris-rag] worker stdin: ${error.message}`));
-    createInterface({ input: worker.stdout, crlfDelay: Infinity }).on("line", (line) => this.onLine(line));
+    const lines = new LineSplitter(MAX_ANSWER_BYTES, (line) => this.onLine(line), (head, bytes) => this.onOverlongLine(head, bytes));
+    worker.stdout.on("data", (chunk: Buffer) => lines.push(chunk));
+    worker.stdout.on("end", () => lines.end());
 
     worker.once("error", (error) => {
       // Spawn failure (e.g. ENOENT): no process ever ran, so nothing was "crashed".
@@ -333,6 +406,17 @@ export class WorkerBridge {
         ),
       );
     }
+  }
+
+  /** A line past MAX_ANSWER_BYTES (the worker refuses to write one): fail its call, if its id can be read. */
+  private onOverlongLine(head: string, bytes: number): void {
+    const id = leadingId(head);
+    const call = id === undefined ? undefined : this.sent.get(id);
+    console.error(`[iris-rag] dropped a worker stdout line of ${bytes} bytes, over MAX_ANSWER_BYTES (${MAX_ANSWER_BYTES}), for request ${JSON.stringify(id ?? "unreadable")}`);
+    if (!call) return;
+    this.workerReady = true;
+    const message = `The answer to ${call.method} is ${bytes} bytes, past the ${MAX_ANSWER_BYTES}-byte limit of one answer; ask for less`;
+    this.finish(call, new BridgeError("RESULT_TOO_LARGE", message, { bytes, max_bytes: MAX_ANSWER_BYTES }));
   }
 
   /** A step of a running call: restart its time limit and pass the step on. */

@@ -18,6 +18,7 @@ export const ERROR_HINTS = {
   DATABASE_CONNECTION_FAILED: "The store cannot be opened: the PostgreSQL server (RAG_POSTGRES_URL) is not reachable or the URL is malformed, or the SQLite folder (RAG_DATA_DIR) cannot be written; fix what the message names, then retry.",
   INDEX_NOT_BUILT: "The collection predates this technique's index; run `iris-rag reindex --collection NAME` once, then retry.",
   SQL_REJECTED: "The SQL statement was refused (details.reason says why); send one read-only SELECT over the tables rag_table_schema lists.",
+  RESULT_TOO_LARGE: "The answer was too large to send (details.max_bytes): ask for less (fewer rows, documents or results, shorter text) and call again.",
   REQUEST_CANCELLED: "The request was cancelled before it finished; nothing it would have written was kept. Send it again to run it.",
   TIMEOUT_EXCEEDED: "The request took too long; retry with a smaller top_k or fewer documents, or raise REQUEST_TIMEOUT_MS.",
   RATE_LIMIT_EXCEEDED: "Too many requests: retry after details.retry_after_ms (your key's rate limit) or once the running ones finish.",

@@ -4,8 +4,11 @@
  */
 const MASK = "***";
 
-/** scheme://user:password@host -> scheme://***@host */
-const USERINFO = /\b([a-z][a-z0-9+.-]*:\/\/)[^/\s@?#]+@/gi;
+/**
+ * scheme://user:password@host -> scheme://***@host; to the last @ before the path (libpq takes ?, # and @ in a
+ * password as they are), and after a mistyped scheme too (postgres//, postgresql:/).
+ */
+const USERINFO = /\b([a-z][a-z0-9+.-]*(?::\/+|\/\/))[^/\s]*@/gi;
 /** ?api_key=... / &token=...: any parameter whose name says it carries a credential. */
 const SECRET_PARAMETER = /([?&;](?:[a-z0-9_-]*(?:key|token|secret|password|passwd|pwd|auth|signature|sig|credential)[a-z0-9_-]*)=)[^&;#\s"'<>]+/gi;
 /** libpq key=value connection strings: "host=db password=secret" -> "host=db password=***" */

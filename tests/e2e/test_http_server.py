@@ -313,6 +313,29 @@ async def test_authorization_matrix(seeded: HttpServer) -> None:
         assert {c["id"] for c in listing["collections"]} == {"papers"}
 
 
+async def test_a_key_cannot_replace_another_collections_table(seeded: HttpServer) -> None:
+    """Security report, defect 2: alice (papers) replaced notes' table t_pay by ingesting a table 'pay'."""
+    sql = {"sql": "SELECT who FROM t_pay", "combine_with_vector": False}
+    read = {
+        "query": "who?",
+        "collection_id": "notes",
+        "options": {"generate": False},
+        "technique_params": sql,
+    }
+    async with connect(seeded, KEYS["admin"]) as admin, connect(seeded, KEYS["alice"]) as alice:
+        failed, body = await call(
+            admin, "rag_ingest_table", {"table": "pay", "collection_id": "notes", "rows": [{"who": "notes"}]}
+        )
+        assert not failed, body
+        failed, body = await call(
+            alice, "rag_ingest_table", {"table": "pay", "collection_id": "papers", "rows": [{"who": "alice"}]}
+        )
+        assert failed and body["error"]["code"] == "FORBIDDEN", body
+        assert "notes" not in json.dumps(body), "nothing about the hidden collection"
+        failed, body = await call(admin, "rag_sqlrag", read)
+        assert not failed and body["metadata"]["technique_specific"]["rows"] == [["notes"]], body
+
+
 async def test_resources_show_only_the_keys_collections(seeded: HttpServer) -> None:
     async with connect(seeded, KEYS["bob"]) as bob:
         listed = {str(r.uri) for r in (await bob.list_resources()).resources}

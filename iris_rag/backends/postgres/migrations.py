@@ -397,6 +397,28 @@ BEGIN
 END $$;
 """,
     ),
+    (
+        15,
+        "rag_sqlrag: documents views registered under names past 63 bytes are dropped, to be rebuilt apart",
+        # PostgreSQL cut such names to their first 63 bytes, so collection ids sharing them (also one whose
+        # name was those 63 bytes) had one view between them, reading one collection's documents for all.
+        # Views hold no data: the first query of each collection builds its view again under a name that
+        # fits (ensure_view). The names are ASCII (documents_ and the id's letters, digits and '_').
+        """
+DO $$
+DECLARE
+    cut RECORD;
+BEGIN
+    FOR cut IN
+        SELECT name, left(name, 63) AS kept FROM structured_tables
+        WHERE kind = 'documents_view' AND octet_length(name) > 63
+    LOOP
+        EXECUTE format('DROP VIEW IF EXISTS sqlrag.%I', cut.kept);
+        DELETE FROM structured_tables WHERE kind = 'documents_view' AND name IN (cut.name, cut.kept);
+    END LOOP;
+END $$;
+""",
+    ),
 ]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -35,11 +35,16 @@ from iris_rag.techniques.sqlrag.storage import (
     StatementGate,
     TableInfo,
     TableKind,
+    TruncatedBy,
     ViewSpec,
+    collect_rows,
+    fit_name,
     table_info,
 )
 
 SCHEMA = "sqlrag"
+# The advisory lock class under which replace_table() takes a lock per table name (any fixed number).
+_REPLACE_LOCK = 0x5351
 
 # How each inferred type is declared: dates stay ISO 8601 text, so they compare and sort as dates.
 SQL_TYPES: dict[ColumnType, str] = {
@@ -56,6 +61,11 @@ _SELECT = (
     "SELECT name, kind, source_name, collection_id, columns, row_count, source, created_at, updated_at "
     "FROM structured_tables"
 )
+
+
+# Rows per FETCH from the server-side cursor, so a fetch never goes past the result size budget by more
+# than one row (a round trip per row: about 40 ms for 1000 rows).
+_FETCH_ROWS = 1
 
 
 def _now() -> str:
@@ -204,7 +214,9 @@ class PostgresStructuredTables:
         return str(rows[0][0]) if rows else None
 
     # Tables
-    def replace_table(self, table: NewTable) -> tuple[TableInfo, TableInfo | None]:
+    def replace_table(
+        self, table: NewTable, may_replace: Callable[[TableInfo], None]
+    ) -> tuple[TableInfo, TableInfo | None]:
         """DROP, CREATE, INSERT and register in one transaction (a failure leaves the old table)."""
         target = sql.Identifier(SCHEMA, table.name)
         definition = sql.SQL(", ").join(
@@ -215,6 +227,10 @@ class PostgresStructuredTables:
         )
         now = _now()
         with self.transaction():
+            # Replaces of one name take turns: the entry read next is the one this DROP will replace.
+            self.store.connection().execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_REPLACE_LOCK, table.name)
+            )
             existing = self.get_table(table.name)
             other = self._relkind(table.name)
             if other is not None and (existing is None or existing.kind != "table"):
@@ -223,6 +239,8 @@ class PostgresStructuredTables:
                     f"a {what} named {table.name!r} exists and is not a structured table; choose another name"
                 )
                 raise InvalidParametersError(msg)
+            if existing is not None:
+                may_replace(existing)
             connection = self.store.connection()
             connection.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
             connection.execute(sql.SQL("CREATE TABLE {} ({})").format(target, definition))
@@ -245,10 +263,10 @@ class PostgresStructuredTables:
 
     # Documents views
     def _free_view_name(self, base: str) -> str:
-        name, n = base, 2
+        name, n = fit_name(base), 2
         # Two collection ids can map to one name ('a-b', 'a_b'): the later one gets a suffix.
         while self._relkind(name) is not None or self.get_table(name) is not None:
-            name, n = f"{base}_{n}", n + 1
+            name, n = fit_name(f"{base}_{n}"), n + 1
         return name
 
     def save_view(self, view: ViewSpec, *, rebuild: bool) -> TableInfo:
@@ -330,19 +348,18 @@ class PostgresStructuredTables:
             with self.store.separate_connection() as connection:
                 connection.autocommit = False
                 try:
-                    columns, fetched = self._run(connection, checked, limits)
+                    columns, rows, truncated_by = self._run(connection, checked, limits)
                 finally:
                     connection.rollback()
                     connection.autocommit = True
         finally:
             gate.release()
         elapsed = (time.monotonic() - started) * 1000
-        rows = [[_cell(v) for v in row] for row in fetched[: checked.row_limit]]
-        return SqlResult(columns, rows, len(fetched) > checked.row_limit, round(elapsed, 3))
+        return SqlResult(columns, rows, truncated_by, round(elapsed, 3))
 
     def _run(
         self, connection: psycopg.Connection[Any], checked: CheckedSql, limits: SelectLimits
-    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    ) -> tuple[list[str], list[list[Any]], TruncatedBy | None]:
         with connection.cursor(row_factory=tuple_row) as cursor:
             cursor.execute("SET TRANSACTION READ ONLY")
             cursor.execute(
@@ -354,9 +371,13 @@ class PostgresStructuredTables:
                 cursor.execute(b"EXPLAIN (FORMAT JSON, VERBOSE) " + checked.executed_sql.encode())
                 plan = cursor.fetchone()
                 self._check_plan(plan[0] if plan else [], limits, set(checked.ctes))
-                cursor.execute(checked.executed_sql.encode())
-                columns = [d.name for d in cursor.description or ()]
-                return columns, cursor.fetchmany(checked.fetch_limit)
+                # A server-side cursor: rows cross over as they are read, so collect_rows stops the fetch
+                # at the result size budget (a client cursor would receive the whole result at once).
+                with connection.cursor(name="sqlrag_result", row_factory=tuple_row) as result:
+                    result.itersize = _FETCH_ROWS
+                    result.execute(checked.executed_sql.encode())
+                    columns = [d.name for d in result.description or ()]
+                    return columns, *collect_rows(result, _cell, checked, limits)
             except psycopg.errors.QueryCanceled:
                 _reject(f"it ran past the {limits.timeout_ms} ms time limit and was stopped")
             except psycopg.errors.ReadOnlySqlTransaction:

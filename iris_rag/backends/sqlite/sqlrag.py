@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,7 +37,10 @@ from iris_rag.techniques.sqlrag.storage import (
     StatementGate,
     TableInfo,
     TableKind,
+    TruncatedBy,
     ViewSpec,
+    collect_rows,
+    fit_name,
     table_info,
 )
 
@@ -161,7 +164,9 @@ class SqliteStructuredTables:
         )
 
     # Tables
-    def replace_table(self, table: NewTable) -> tuple[TableInfo, TableInfo | None]:
+    def replace_table(
+        self, table: NewTable, may_replace: Callable[[TableInfo], None]
+    ) -> tuple[TableInfo, TableInfo | None]:
         """DROP, CREATE, INSERT and register in one transaction (a failure leaves the old table)."""
         connection = self.store.connection()
         sql_name = table.name
@@ -180,6 +185,8 @@ class SqliteStructuredTables:
                     "choose another name"
                 )
                 raise InvalidParametersError(msg)
+            if existing is not None:  # BEGIN IMMEDIATE: no other writer can change it until COMMIT
+                may_replace(existing)
             connection.execute(f"DROP TABLE IF EXISTS {quote(sql_name)}")
             connection.execute(f"CREATE TABLE {quote(sql_name)} ({definition})")
             connection.executemany(f"INSERT INTO {quote(sql_name)} VALUES ({placeholders})", table.rows)
@@ -199,14 +206,14 @@ class SqliteStructuredTables:
 
     # Documents views
     def _free_view_name(self, base: str) -> str:
-        name, n = base, 2
+        name, n = fit_name(base), 2
         # Two collection ids can map to one name ('a-b', 'a_b'): the later one gets a suffix.
         while (
             self.store.connection()
             .execute("SELECT 1 FROM sqlite_master WHERE lower(name) = ?", (name,))
             .fetchone()
         ):
-            name, n = f"{base}_{n}", n + 1
+            name, n = fit_name(f"{base}_{n}"), n + 1
         return name
 
     def save_view(self, view: ViewSpec, *, rebuild: bool) -> TableInfo:
@@ -327,8 +334,9 @@ class _Outcome:
 
     done: threading.Event = field(default_factory=threading.Event)
     columns: list[str] = field(default_factory=list)
-    fetched: list[Any] = field(default_factory=list)
-    error: sqlite3.Error | None = None
+    rows: list[list[Any]] = field(default_factory=list)
+    truncated_by: TruncatedBy | None = None
+    error: Exception | None = None
 
 
 def _cell(value: Any) -> Any:
@@ -391,8 +399,9 @@ def execute_readonly(
             connection.set_progress_handler(progress, _PROGRESS_STEP)
             cursor = connection.execute(checked.executed_sql)
             outcome.columns = [d[0] for d in cursor.description or ()]
-            outcome.fetched = cursor.fetchmany(checked.fetch_limit)
-        except sqlite3.Error as exc:
+            # Row by row (the cursor steps the statement as it is read), within the result size budget.
+            outcome.rows, outcome.truncated_by = collect_rows(cursor, _cell, checked, limits)
+        except Exception as exc:  # raised again on the caller's thread (SQL_REJECTED for SQLite's own)
             outcome.error = exc
         finally:
             connection.close()
@@ -411,13 +420,12 @@ def execute_readonly(
             timed_out = True
             connection.interrupt()
             _reject(_execution_reason(sqlite3.OperationalError("interrupted"), [], True, limits))
-    if outcome.error is not None:
+    if isinstance(outcome.error, sqlite3.Error):
         _reject(_execution_reason(outcome.error, denied, timed_out, limits))
+    if outcome.error is not None:
+        raise outcome.error
     elapsed = (time.monotonic() - started) * 1000
-    rows = [[_cell(v) for v in row] for row in outcome.fetched[: checked.row_limit]]
-    return SqlResult(
-        outcome.columns, rows, len(outcome.fetched) > checked.row_limit, round(elapsed, 3), denied
-    )
+    return SqlResult(outcome.columns, outcome.rows, outcome.truncated_by, round(elapsed, 3), denied)
 
 
 _ACTIONS = {

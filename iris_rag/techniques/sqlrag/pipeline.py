@@ -41,6 +41,7 @@ from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.techniques.sqlrag.safety import (
     COMPLEXITY,
+    MAX_RESULT_BYTES,
     MAX_SQL_CHARS,
     Complexity,
     SqlGate,
@@ -190,6 +191,8 @@ def render_rows(columns: list[str], rows: list[list[Any]], cell_chars: int) -> s
 
 def _rows_summary(run: SqlRun) -> str:
     count = len(run.result.rows)
+    if run.result.truncated_by == "max_result_bytes":
+        return f"{count} rows (cut at the result size limit of {MAX_RESULT_BYTES:,} bytes; more rows matched)"
     if run.result.truncated:
         return f"{count} rows (cut at max_rows; more rows matched)"
     return f"{count} row{'s' if count != 1 else ''}"
@@ -284,7 +287,9 @@ class SqlRagPipeline(Pipeline):
             "rows": result.rows,
             "row_count": len(result.rows),
             "truncated": result.truncated,
+            "truncated_by": result.truncated_by,
             "max_rows": params.max_rows,
+            "max_result_bytes": MAX_RESULT_BYTES,
             "query_limit": checked.query_limit,
             "row_limit": checked.row_limit,
             "timeout_ms": params.timeout_ms,
@@ -438,6 +443,7 @@ class SqlRagPipeline(Pipeline):
                 "tables": tables,
                 "row_count": len(result.rows),
                 "truncated": result.truncated,
+                "truncated_by": result.truncated_by,
             },
         )
         return RetrievedDocument(chunk, 1.0, {"kind": "sql_rows", "sql_source": run.source})
@@ -500,7 +506,11 @@ class SqlRagPipeline(Pipeline):
             + "\n".join([header, separator, *shown])
         )
         if len(rows) > len(shown) or metadata["truncated"]:
-            more = " and more rows matched (raise max_rows)" if metadata["truncated"] else ""
+            more = {
+                "max_rows": " and more rows matched (raise max_rows)",
+                "max_result_bytes": " and more rows matched past the result size limit (select fewer or "
+                "shorter columns)",
+            }.get(metadata["truncated_by"], "")
             text += f"\n(showing {len(shown)} of {len(rows)} rows{more}; all returned rows are in metadata)"
         return text + f"\nSQL: {sql}"
 

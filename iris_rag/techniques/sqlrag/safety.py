@@ -37,6 +37,8 @@ _P = ParamSpec("_P")
 MAX_SQL_CHARS = 10_000
 MAX_PATTERN_CHARS = 1_000
 MAX_VALUE_BYTES = 1_000_000
+# All the rows of one result, as the JSON they become in the answer (collect_rows stops fetching past it).
+MAX_RESULT_BYTES = 10 * MAX_VALUE_BYTES
 # How often a call waiting for a free slot looks at its cancel token.
 _WATCH_INTERVAL_S = 0.05
 # Statements that may run at once per process (SqlGate's default).
@@ -475,6 +477,7 @@ def select_limits(
         allow_recursive=allow_recursive,
         timeout_ms=timeout_ms,
         max_value_bytes=MAX_VALUE_BYTES,
+        max_result_bytes=MAX_RESULT_BYTES,
         max_pattern_chars=MAX_PATTERN_CHARS,
         max_sql_chars=MAX_SQL_CHARS,
     )

@@ -3,18 +3,40 @@
 What the technique decides (column types, names, the guard's policy) stays in the technique; each backend
 implements this contract (backends/<backend>/sqlrag.py): how a table or view is stored, described and how a
 checked SELECT runs read-only within its limits. Table names are the registry's SQL names (t_<name>,
-documents_<collection>).
+documents_<collection>), each at most MAX_NAME_BYTES long (fit_name).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import orjson
+
+from iris_rag.errors import SqlRejectedError
+
+# PostgreSQL's identifier limit (NAMEDATALEN - 1), the smallest of the stores': a longer name is cut there
+# silently, and two names that agree up to it would be one table, view or column.
+MAX_NAME_BYTES = 63
+NAME_HASH_CHARS = 8
+
+
+def fit_name(name: str) -> str:
+    """The name itself if it fits MAX_NAME_BYTES, else its start, '_' and a hash of the whole name."""
+    if len(name.encode()) <= MAX_NAME_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:NAME_HASH_CHARS]
+    start = name.encode()[: MAX_NAME_BYTES - NAME_HASH_CHARS - 1].decode(errors="ignore")
+    return f"{start}_{digest}"
+
+
 ColumnType = Literal["INTEGER", "REAL", "BOOLEAN", "DATE", "DATETIME", "TEXT", "JSON"]
 TableKind = Literal["table", "documents_view"]
+# Why a result holds fewer rows than the statement matched: max_rows, or the result's size budget.
+TruncatedBy = Literal["max_rows", "max_result_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +84,9 @@ class ViewSpec:
     """A collection's documents view: one row per document, with these columns."""
 
     collection_id: str
-    base_name: str  # documents_<collection>; a name already taken gets _2, _3... (new views only)
+    # documents_<collection>, not yet fitted: a name already taken gets _2, _3... (new views only), then
+    # fit_name() is applied to each candidate.
+    base_name: str
     document_columns: tuple[Column, ...]  # the documents' own fields: id, title, created_at, updated_at
     metadata_columns: tuple[Column, ...]  # top-level metadata keys (Column.source), read from the JSON
     source: str
@@ -92,6 +116,7 @@ class SelectLimits:
     allow_recursive: bool
     timeout_ms: int
     max_value_bytes: int
+    max_result_bytes: int  # all rows together, as JSON (collect_rows)
     max_pattern_chars: int
     max_sql_chars: int
 
@@ -102,9 +127,44 @@ class SqlResult:
 
     columns: list[str]
     rows: list[list[Any]]
-    truncated: bool
+    truncated_by: TruncatedBy | None
     execution_ms: float
     denied: list[str] = field(default_factory=list)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether more rows matched than came back."""
+        return self.truncated_by is not None
+
+
+def collect_rows(
+    fetched: Iterable[Sequence[Any]], cell: Callable[[Any], Any], checked: CheckedSql, limits: SelectLimits
+) -> tuple[list[list[Any]], TruncatedBy | None]:
+    """Take rows one at a time (cells converted by `cell`) up to the row limit and limits.max_result_bytes.
+
+    `fetched` must fetch lazily: fetching stops at the first row past either limit, so the worker holds
+    at most the budget and that one row (its values bounded by max_value_bytes). A row is measured as the
+    JSON it becomes in the answer. If not even the first row fits, the statement is refused: an empty
+    result would read as "nothing matched".
+    """
+    rows: list[list[Any]] = []
+    size = 0
+    for row in fetched:
+        if len(rows) == checked.row_limit:
+            return rows, "max_rows"  # the extra row fetch_limit asks for: more rows matched
+        converted = [cell(value) for value in row]
+        size += len(orjson.dumps(converted, default=str))
+        if size > limits.max_result_bytes:
+            if not rows:
+                reason = (
+                    f"its first row alone is past the result size limit of {limits.max_result_bytes} bytes; "
+                    "select fewer or shorter columns (substr(), length())"
+                )
+                msg = f"SQL rejected: {reason}"
+                raise SqlRejectedError(msg, {"reason": reason, "stage": "execution"})
+            return rows, "max_result_bytes"
+        rows.append(converted)
+    return rows, None
 
 
 class StatementGate(Protocol):
@@ -144,11 +204,15 @@ class StructuredTableStorage(Protocol):
     def object_names(self) -> list[str]:
         """Every name in the database (tables, views, indexes...), so a statement's CTE cannot shadow one."""
 
-    def replace_table(self, table: NewTable) -> tuple[TableInfo, TableInfo | None]:
+    def replace_table(
+        self, table: NewTable, may_replace: Callable[[TableInfo], None]
+    ) -> tuple[TableInfo, TableInfo | None]:
         """Create or replace the table with its rows and register it, in one transaction.
 
         Returns the new registry entry and the one it replaced (None if new). InvalidParametersError if the
-        name is taken by something that is not a structured table.
+        name is taken by something that is not a structured table. A structured table of that name is first
+        handed to `may_replace`, inside the transaction and after any concurrent replace of the name ended;
+        an exception from it refuses the replace and changes nothing.
         """
 
     def save_view(self, view: ViewSpec, *, rebuild: bool) -> TableInfo:

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from iris_rag.errors import InvalidParametersError
+from iris_rag import access
+from iris_rag.errors import ForbiddenError, InvalidParametersError
 from iris_rag.stores.base import DocumentInput, DocumentStore
 from iris_rag.techniques.sqlrag.storage import (
     Column,
@@ -26,6 +27,7 @@ from iris_rag.techniques.sqlrag.storage import (
     StructuredTableStorage,
     TableInfo,
     ViewSpec,
+    fit_name,
 )
 from iris_rag.text import CsvProblem, csv_delimiter, csv_records, without_nul
 
@@ -181,14 +183,14 @@ def column_name(source: str) -> str:
 
 
 def unique_names(sources: Sequence[str], taken: Iterable[str] = ()) -> list[str]:
-    """column_name() of each source, with _2, _3... where two would collide."""
+    """column_name() of each source, with _2, _3... where two would collide, each fitted (fit_name)."""
     used = {name.lower() for name in taken}
     names = []
     for source in sources:
         base = column_name(source)
-        name, n = base, 2
+        name, n = fit_name(base), 2
         while name.lower() in used:
-            name, n = f"{base}_{n}", n + 1
+            name, n = fit_name(f"{base}_{n}"), n + 1
         used.add(name.lower())
         names.append(name)
     return names
@@ -325,6 +327,32 @@ def build_table(raw: RawTable) -> tuple[tuple[Column, ...], list[list[Any]]]:
     return columns, rows
 
 
+def check_replace(existing: TableInfo, collection_id: str | None) -> None:
+    """Refuse to replace a table the caller may not write, or under another collection than its own.
+
+    Table names are one namespace for the whole store. A table of a collection the caller cannot see is
+    refused without a word about it beyond the name being taken (which creating it would tell anyway); a
+    shared table needs a key granted every collection; and a table is replaced only under its own
+    collection_id, since another one would silently take it from its collection's statements (or show it
+    to every collection). The caller's right to write `collection_id` itself is checked before this.
+    """
+    owner, name = existing.collection_id, existing.source_name
+    if owner is not None and not access.can_see(owner):
+        msg = f"the table name {name!r} is taken by a table this key may not write; choose another name"
+        raise ForbiddenError(msg, {"table": name})
+    if owner is None and not access.sees_everything():
+        msg = (
+            f"table {name!r} is shared by every collection: only a key granted every collection may "
+            "replace it; choose another name"
+        )
+        raise ForbiddenError(msg, {"table": name})
+    if owner != collection_id:
+        where = f"belongs to collection {owner!r}" if owner else "is shared by every collection"
+        again = f"collection_id {owner!r}" if owner else "no collection_id"
+        msg = f"table {name!r} {where}; ingest it with {again} to replace it, or choose another name"
+        raise InvalidParametersError(msg, {"table": name, "collection_id": owner})
+
+
 def ingest_table(
     storage: StructuredTableStorage,
     table: str,
@@ -337,7 +365,7 @@ def ingest_table(
     sql_name = table_sql_name(table)
     columns, rows = build_table(raw)
     new = NewTable(sql_name, table.lower(), collection_id, columns, rows, source)
-    info, replaced = storage.replace_table(new)
+    info, replaced = storage.replace_table(new, lambda existing: check_replace(existing, collection_id))
     return {
         "table": info.source_name,
         "sql_name": sql_name,

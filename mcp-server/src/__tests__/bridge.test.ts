@@ -3,7 +3,7 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it, type TestContext } from "node:test";
 
-import { WorkerBridge, type BridgeOptions } from "../bridge.js";
+import { MAX_ANSWER_BYTES, WorkerBridge, type BridgeOptions } from "../bridge.js";
 import { BridgeError } from "../errors.js";
 import { loadToolSpecs, servedToolSpecs } from "../schemas.js";
 import { config, freshDataDir } from "./helpers.js";
@@ -211,6 +211,12 @@ for line in sys.stdin:
     if method == "fail":
         print(json.dumps({"id": rid, "success": False, "error": {"code": "COLLECTION_NOT_FOUND", "message": "no such", "details": {"collection_id": "x"}}}), flush=True)
         continue
+    if method in ("huge", "huge_no_id"):
+        # One line past the bridge's cap, then an ordinary line in the same write.
+        head = '{"id": %s, "success": true, "result": {"blob": "' % json.dumps(rid) if method == "huge" else '["'
+        sys.stdout.write(head + "x" * request["params"]["bytes"] + '"}}\\n' + json.dumps({"id": None, "event": "ready"}) + "\\n")
+        sys.stdout.flush()
+        continue
     print("{half a line", flush=True)
     print(json.dumps({"id": None, "success": False, "error": {"code": "MALFORMED_REQUEST", "message": "unreadable"}}), flush=True)
     print(json.dumps({"id": rid, "success": True, "result": {"method": method, "params": request["params"]}}), flush=True)
@@ -224,6 +230,24 @@ for line in sys.stdin:
   it("ignores lines that are not JSON responses and still resolves by id", async (t) => {
     const result = await scriptedBridge(t).request("echo", { a: 1 });
     assert.deepEqual(result, { method: "echo", params: { a: 1 } });
+  });
+
+  it("fails an answer line past MAX_ANSWER_BYTES with RESULT_TOO_LARGE and keeps the worker and its other calls", async (t) => {
+    const bridge = scriptedBridge(t);
+    assert.deepEqual(await bridge.request("echo", {}), { method: "echo", params: {} });
+    const pid = bridge.workerPid;
+    const [error, beside] = await Promise.all([
+      rejection(bridge.request("huge", { bytes: MAX_ANSWER_BYTES + 1_000_000 })),
+      bridge.request("echo", { beside: true }),
+    ]);
+    assert.equal(error.code, "RESULT_TOO_LARGE");
+    assert.match(error.message, /huge/);
+    assert.equal(error.details?.max_bytes, MAX_ANSWER_BYTES);
+    assert.deepEqual(beside, { method: "echo", params: { beside: true } });
+    // A line whose id cannot be read is dropped (its call would fail at its time-out); the stream stays in step.
+    void bridge.request("huge_no_id", { bytes: MAX_ANSWER_BYTES + 10 }, { timeoutMs: 60_000 }).catch(() => undefined);
+    assert.deepEqual(await bridge.request("echo", { after: true }), { method: "echo", params: { after: true } });
+    assert.equal(bridge.workerPid, pid, "the same worker still serves");
   });
 
   it("rejects with the worker's error code, message and details", async (t) => {
@@ -281,12 +305,12 @@ for line in sys.stdin:
     writeFileSync(join(root, "iris_rag", "__init__.py"), "");
     writeFileSync(
       join(root, "iris_rag", "bridge.py"),
-      'raise ValueError("cannot parse postgresql://rag:TopSecretPw42@[::1/rag or host=db password=hunter2hunter2 or https://x/v1?api_key=sk-abcdef")\n',
+      'raise ValueError("cannot parse postgresql://rag:TopSecretPw42@[::1/rag or host=db password=hunter2hunter2 or https://x/v1?api_key=sk-abcdef or postgres//rag:Typo5ecret42@db/rag or postgresql://rag:pa?ss#Hash5ecret@db/rag")\n',
     );
     const bridge = new WorkerBridge({ python: config.python, cwd: root, requestTimeoutMs: 20_000, maxConcurrentRequests: 1, maxQueuedRequests: 1 });
     const error = await rejection(bridge.request("execute", {}));
     const said = JSON.stringify(error.toJSON());
-    for (const secret of ["TopSecretPw42", "hunter2hunter2", "sk-abcdef"]) assert.doesNotMatch(said, new RegExp(secret));
+    for (const secret of ["TopSecretPw42", "hunter2hunter2", "sk-abcdef", "Typo5ecret42", "Hash5ecret"]) assert.doesNotMatch(said, new RegExp(secret));
     assert.match(said, /postgresql:\/\/\*\*\*@/);
     await bridge.stop();
   });

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import psycopg
 import pytest
 from pydantic import ValidationError
 
+from iris_rag.backends import create_store
 from iris_rag.embedder import Embedder
+from iris_rag.errors import DatabaseConnectionFailedError
 from iris_rag.redaction import redact
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -29,6 +33,42 @@ def test_the_url_password_is_a_secret(tmp_path: Path) -> None:
     assert (
         redact("host=db user=rag password=hunter22 dbname=rag") == "host=db user=rag password=*** dbname=rag"
     )
+
+
+def test_a_password_the_driver_accepts_is_masked_whatever_its_characters(
+    postgres_url: str, tmp_path: Path, embedder: Embedder
+) -> None:
+    """libpq takes ? and # in a URL's password as they are: the health answer's URL masks all of it."""
+    url = postgres_url.replace("postgres:@", "postgres:pa?ss#Secret42@", 1)
+    settings = Settings(
+        RAG_STORE="postgres", RAG_POSTGRES_URL=url, RAG_DATA_DIR=tmp_path, RAG_TECHNIQUES="basic"
+    )
+    assert "pa?ss#Secret42" in settings.llm_secrets
+    service = RagService(settings, embedder=embedder)
+    try:
+        health = json.dumps(service.health_check({"include_details": True}))
+        assert "Secret42" not in health and "postgresql://***@/" in health, health
+    finally:
+        service.close()
+
+
+def test_a_role_without_rights_on_the_schema_is_not_called_a_bad_url(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    role = f"reader_{postgres_url.split('/')[-1].split('?')[0]}"  # one a database: never shared
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+    url = postgres_url.replace("postgres:@", f"{role}:reader-Secret42@", 1)
+    try:
+        with pytest.raises(DatabaseConnectionFailedError) as failure:
+            create_store(Settings(RAG_STORE="postgres", RAG_POSTGRES_URL=url, RAG_DATA_DIR=tmp_path))
+        message = failure.value.message
+        assert "not a valid PostgreSQL URL" not in message and "Secret42" not in message, message
+        assert message.startswith("the PostgreSQL store cannot be set up: InsufficientPrivilege: "), message
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            # The failed start left no connection of the role behind (its pool is closed): it drops.
+            admin.execute(f"DROP ROLE {role}")
 
 
 def test_every_technique_starts_on_postgres(postgres_url: str, tmp_path: Path, embedder: Embedder) -> None:

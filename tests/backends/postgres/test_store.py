@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import psycopg
 import pytest
+from psycopg import sql
 
 from iris_rag.backends.common.bm25 import tokens
 from iris_rag.backends.postgres.migrations import CHANGE_LOG_VERSIONS, MIGRATIONS, migrate
@@ -19,6 +20,8 @@ from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.embedder import Embedder
 from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput, KeywordQuery, NewCollection
 from iris_rag.stores.filters import parse_filters
+from iris_rag.techniques.sqlrag.storage import StructuredTableStorage
+from iris_rag.techniques.sqlrag.tables import ensure_view
 from tests.backends.postgres.blocks import undo_packing
 from tests.conftest import SAMPLE_CORPUS
 
@@ -122,6 +125,51 @@ def test_a_database_from_before_the_change_log_reloads_then_logs(postgres_url: s
         assert old.changed_documents("c", held, now, 10) == {"b"}
     finally:
         old.close()
+
+
+def test_documents_views_cut_to_one_name_are_rebuilt_apart(postgres_url: str) -> None:
+    """Migration 15: views registered under names past 63 bytes (one real view, cut by PostgreSQL, for
+    collections sharing those bytes) are dropped with their registry rows, rebuilt apart on first use."""
+    rng = np.random.default_rng(7)
+    ids = ["x" * 53, "x" * 53 + "bob", "x" * 53 + "alice"]  # documents_ + 53 x: 63 bytes
+    current = PostgresStore(postgres_url)
+    for collection_id in ids:
+        current.upsert_documents(
+            collection_id, [_document(collection_id, "", ["one"], rng)], new_collection=_new()
+        )
+        ensure_view(current.technique_storage(StructuredTableStorage), collection_id)
+    current.close()
+    with psycopg.connect(postgres_url, autocommit=True) as connection:  # as built before the names fitted
+        for collection_id in ids:
+            connection.execute("DELETE FROM structured_tables WHERE collection_id = %s", (collection_id,))
+        connection.execute("DROP SCHEMA sqlrag CASCADE")
+        connection.execute("CREATE SCHEMA sqlrag")
+        for collection_id in ids:  # each replaces the one before: PostgreSQL cuts every name alike
+            long_name = "documents_" + collection_id
+            connection.execute(
+                sql.SQL(
+                    "CREATE OR REPLACE VIEW {} AS SELECT id FROM public.documents WHERE collection_id = {}"
+                ).format(sql.Identifier("sqlrag", long_name), sql.Literal(collection_id))
+            )
+            connection.execute(
+                "INSERT INTO structured_tables VALUES (%s, 'documents_view', %s, %s, '[]', 1, 's', 'c', 'u')",
+                (long_name, collection_id, collection_id),
+            )
+        connection.execute("DELETE FROM schema_migrations WHERE version = 15")
+    upgraded = PostgresStore(postgres_url)  # migrates again
+    try:
+        storage = upgraded.technique_storage(StructuredTableStorage)
+        assert storage.list_tables() == []
+        assert not [n for n in storage.object_names() if n.startswith("documents_x")]
+        views = [ensure_view(storage, collection_id) for collection_id in ids]
+        assert len({v.name for v in views}) == 3
+        for view, collection_id in zip(views, ids, strict=True):
+            rows = upgraded.connection().execute(
+                sql.SQL("SELECT id FROM {}").format(sql.Identifier("sqlrag", view.name))
+            )
+            assert rows.fetchall() == [{"id": collection_id}]
+    finally:
+        upgraded.close()
 
 
 def test_the_change_log_keeps_the_last_versions(postgres_url: str) -> None:

@@ -16,6 +16,7 @@ from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.techniques.sqlrag.pipeline import SQL_DOCUMENT_ID, SqlRagPipeline, extract_sql
+from iris_rag.techniques.sqlrag.safety import MAX_RESULT_BYTES
 from tests.conftest import DOCUMENTS
 from tests.fake_openai import FakeOpenAIServer
 
@@ -269,6 +270,21 @@ def test_max_rows_and_the_query_limit(sql_service: RagService) -> None:
     assert "more rows matched (raise max_rows)" in answer
 
 
+def test_the_result_size_is_capped_whatever_the_row_count(sql_service: RagService) -> None:
+    """The security tester's statement: megabyte values from no table, rows without end (max_rows 600)."""
+    flood = (
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
+        "SELECT printf('%999999c', 'x') AS v FROM r"
+    )
+    params = {"sql": flood, "combine_with_vector": False, "max_rows": 30, "max_sql_complexity": "complex"}
+    result = sqlrag(sql_service, params=params)
+    report = specific(result)
+    assert 0 < report["row_count"] < 30 and report["truncated"] is True
+    assert report["truncated_by"] == "max_result_bytes" and report["max_result_bytes"] == MAX_RESULT_BYTES
+    assert len(json.dumps(result)) < MAX_RESULT_BYTES + 100_000
+    assert "result size limit" in result["answer"]
+
+
 def test_timeout_ms(sql_service: RagService) -> None:
     forever = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c"
     started = time.perf_counter()
@@ -314,13 +330,13 @@ def _validate_output(tool: str, result: dict[str, Any]) -> None:
 
 def test_ingest_table_and_table_schema_tools(sql_service: RagService, tmp_path: Path) -> None:
     methods = sql_service.methods()
-    result = methods["ingest_table"](
-        {"table": "Rates", "csv": "region;rate;since\nnorth;0.25;2024-01-01\n", "collection_id": "docs"}
-    )
+    rates = {"table": "Rates", "csv": "region;rate;since\nnorth;0.25;2024-01-01\n"}
+    # t_rates is shared: naming a collection would move it out of every other collection's reach.
+    with pytest.raises(InvalidParametersError, match="'rates' is shared by every collection"):
+        methods["ingest_table"]({**rates, "collection_id": "docs"})
+    result = methods["ingest_table"](rates)
     _validate_output("rag_ingest_table", result)
-    assert (
-        result["replaced"] is True and result["sql_name"] == "t_rates" and result["collection_id"] == "docs"
-    )
+    assert result["replaced"] is True and result["sql_name"] == "t_rates" and result["collection_id"] is None
     assert [c["type"] for c in result["columns"]] == ["TEXT", "REAL", "DATE"]
     with pytest.raises(InvalidParametersError, match="either rows"):
         methods["ingest_table"]({"table": "x", "rows": [{"a": 1}], "csv": "a\n1\n"})

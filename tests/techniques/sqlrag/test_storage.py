@@ -6,6 +6,7 @@ that implements them (the `store` fixture's params).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from iris_rag.errors import InvalidParametersError, SqlRejectedError
 from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore, NewCollection
 from iris_rag.techniques.sqlrag.safety import SqlGate, check_sql, select_limits
-from iris_rag.techniques.sqlrag.storage import CheckedSql, NewTable, StructuredTableStorage
+from iris_rag.techniques.sqlrag.storage import CheckedSql, NewTable, SqlResult, StructuredTableStorage
 from iris_rag.techniques.sqlrag.tables import (
     DocumentViews,
     build_table,
@@ -108,8 +109,22 @@ def test_a_failed_replace_leaves_the_old_table(store: DocumentStore) -> None:
     # A table may not take the name of an object that is not a structured table (here the view).
     columns, rows = build_table(parse_records([{"b": 2}]))
     with pytest.raises(InvalidParametersError, match="not a structured table"):
-        storage.replace_table(NewTable(view.name, "x", None, columns, rows, "clash"))
+        storage.replace_table(NewTable(view.name, "x", None, columns, rows, "clash"), lambda _: None)
     assert storage.view_for("docs") == view
+    # The table to be replaced is shown to may_replace first (the technique's ownership check), which
+    # refuses by raising: nothing changes.
+    kept = storage.get_table("t_kept")
+    shown: list[object] = []
+
+    def refuse(existing: object) -> None:
+        shown.append(existing)
+        raise RuntimeError("not yours")
+
+    with pytest.raises(RuntimeError, match="not yours"):
+        storage.replace_table(NewTable("t_kept", "kept", "docs", columns, rows, "again"), refuse)
+    assert shown == [kept] and storage.get_table("t_kept") == kept
+    with pytest.raises(InvalidParametersError, match="is shared by every collection"):
+        ingest_table(storage, "kept", parse_records([{"b": 2}]), collection_id="docs", source="again")
     assert select(storage, "SELECT a FROM t_kept", ["t_kept"], []) == [[1]]
 
 
@@ -190,3 +205,74 @@ def test_the_run_is_contained_whatever_passed_the_check(store: DocumentStore) ->
     recursive = select_limits([], [], allow_recursive=True, timeout_ms=100)
     with pytest.raises(SqlRejectedError, match="100 ms time limit"):
         storage.run_select(CheckedSql(loop, loop, (), ("c",), {}, None, 10, 11), recursive, SqlGate())
+
+
+def test_long_collection_ids_get_views_of_their_own(store: DocumentStore) -> None:
+    """Names fit PostgreSQL's 63 bytes, so two long ids sharing their first 53 characters stay apart.
+
+    Security report, defect 3: PostgreSQL cut both views' names to one identifier, so one collection's view
+    read the other's documents, and deleting one collection dropped the other's view.
+    """
+    views = registered_views(store)
+    storage = views.storage
+    prefix = "x" * 53
+    ingest(store, views, prefix + "bob", [document("bob-doc", {})])
+    ingest(store, views, prefix + "alice", [document("alice-doc", {})])
+    bob, alice = storage.view_for(prefix + "bob"), storage.view_for(prefix + "alice")
+    assert bob is not None and alice is not None and bob.name != alice.name
+    for view, expected in ((bob, "bob-doc"), (alice, "alice-doc")):
+        assert len(view.name.encode()) <= 63 and view.name.startswith("documents_xxx")
+        assert view.name in storage.object_names(), "stored under the name the registry gives"
+        assert select(storage, f"SELECT id FROM {view.name}", [view.name], [view.name]) == [[expected]]
+
+    store.delete_collection(prefix + "alice")
+    assert storage.view_for(prefix + "bob") == bob
+    assert select(storage, f"SELECT id FROM {bob.name}", [bob.name], [bob.name]) == [["bob-doc"]]
+
+
+def test_long_column_names_stay_apart(store: DocumentStore) -> None:
+    """Column names that share their first 63 bytes (PostgreSQL's limit) are distinct columns."""
+    storage = storage_of(store)
+    long = "é" * 40  # 80 bytes in UTF-8
+    ingest_table(
+        storage, "wide", parse_records([{long + "a": 1, long + "b": 2}]), collection_id=None, source="s"
+    )
+    info = storage.get_table("t_wide")
+    assert info is not None
+    names = [c.name for c in info.columns]
+    assert len(set(names)) == 2 and all(len(n.encode()) <= 63 for n in names)
+    quoted = ", ".join(f'"{n}"' for n in names)
+    assert select(storage, f"SELECT {quoted} FROM t_wide", ["t_wide"], []) == [[1, 2]]
+
+
+def test_a_result_past_the_size_budget_is_cut_while_fetching(store: DocumentStore) -> None:
+    """Rows past limits.max_result_bytes are not fetched: the rows before are kept, marked truncated."""
+    storage = storage_of(store)
+    records = [{"n": i, "v": "x" * 1_000} for i in range(50)]
+    ingest_table(storage, "wide", parse_records(records), collection_id=None, source="s")
+
+    def run(sql: str, budget: int, max_rows: int = 100) -> SqlResult:
+        checked = check_sql(
+            sql,
+            dialect=storage.dialect,
+            allowed=["t_wide"],
+            registered=[t.name for t in storage.list_tables()],
+            existing=storage.object_names(),
+            complexity="moderate",
+            max_rows=max_rows,
+        )
+        limits = select_limits(["t_wide"], [], allow_recursive=False, timeout_ms=2000)
+        return storage.run_select(checked, replace(limits, max_result_bytes=budget), SqlGate())
+
+    # Each row is about 1,010 bytes as JSON ([n, "xxx..."]): ten fit in 10,500 bytes, the eleventh does not.
+    cut = run("SELECT n, v FROM t_wide ORDER BY n", 10_500)
+    assert [row[0] for row in cut.rows] == list(range(10))
+    assert cut.truncated and cut.truncated_by == "max_result_bytes"
+    by_rows = run("SELECT n, v FROM t_wide ORDER BY n", 10_500, max_rows=3)
+    assert len(by_rows.rows) == 3 and by_rows.truncated_by == "max_rows"
+    whole = run("SELECT n FROM t_wide ORDER BY n", 10_500)
+    assert len(whole.rows) == 50 and not whole.truncated and whole.truncated_by is None
+    # Not even one row fits: refused, rather than an empty result that looks like no match.
+    with pytest.raises(SqlRejectedError, match="result size limit") as caught:
+        run("SELECT v FROM t_wide", 500)
+    assert caught.value.details["stage"] == "execution"
