@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import iris_rag
+from iris_rag.settings import SettingsError, dotenv_file, dotenv_under, read_dotenv
 
 # Built by `npm run bundle` (the wheel build runs it); two folders below the one holding iris_rag/, where
 # the front end looks for iris_rag/schemas/ and starts the worker (mcp-server/bundle.mjs).
@@ -69,12 +70,21 @@ def find_bundle() -> Path:
 def front_end_environment(
     environ: Mapping[str, str], transport: Transport | None, cwd: Path
 ) -> dict[str, str]:
-    """The front end's environment: the caller's, with this Python for the worker."""
-    env = dict(environ)
+    """The front end's environment: the caller's over the .env of the start folder, with this Python.
+
+    Installed, the front end and its worker run in site-packages, so the user's .env is read here, and the
+    front end passes it all on to the worker.
+    """
+    try:
+        dotenv = read_dotenv(dotenv_file(cwd))
+    except SettingsError as exc:
+        raise LaunchError(str(exc)) from None
+    env = {**environ, **dotenv_under(environ, dotenv)}
     # This interpreter has this iris_rag, whose schemas the bundle serves: never another Python's.
     env["IRIS_RAG_PYTHON"] = sys.executable
     # An installed package has no package.json for the front end to read its version from.
-    env.setdefault("MCP_SERVER_VERSION", iris_rag.__version__)
+    if not env.get("MCP_SERVER_VERSION", "").strip():
+        env["MCP_SERVER_VERSION"] = iris_rag.__version__
     if transport is not None:
         env["MCP_TRANSPORT"] = transport
     # The worker runs in site-packages: a relative folder means the one `iris-rag mcp` was started in.

@@ -1,37 +1,86 @@
-"""Configuration: environment variables only, read once at start and passed down."""
+"""Configuration: environment variables over one .env file, read once at start and passed down."""
 
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
+from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from iris_rag.redaction import url_userinfo, with_pieces
 
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
-def default_data_dir() -> Path:
-    """RAG_DATA_DIR's default: ./data in a source checkout, else the user's data folder.
+def checkout_root() -> Path | None:
+    """The repository root when this iris_rag is a source checkout's, None when it is an installed package."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None
 
-    In a checkout the front end runs the worker at the repository root, so ./data is the repository's. An
-    installed package's worker runs in site-packages, and an MCP host starts it from any directory, so
-    there the data lives where XDG puts an application's: $XDG_DATA_HOME/iris-rag (~/.local/share/iris-rag).
+
+def default_data_dir() -> Path:
+    """RAG_DATA_DIR's default: the repository's ./data in a source checkout, else the user's data folder.
+
+    In a checkout the front end runs the worker at the repository root, and the CLI takes the same folder
+    from wherever it starts. An installed package's worker runs in site-packages, and an MCP host starts it
+    from any directory, so there the data lives where XDG puts an application's: $XDG_DATA_HOME/iris-rag
+    (~/.local/share/iris-rag).
     """
-    if (Path(__file__).resolve().parent.parent / "pyproject.toml").is_file():
-        return Path("data")
+    root = checkout_root()
+    if root is not None:
+        return root / "data"
     base = os.environ.get("XDG_DATA_HOME", "").strip()
     return (Path(base) if base else Path.home() / ".local" / "share") / "iris-rag"
+
+
+def dotenv_file(start: Path | None = None) -> Path:
+    """The .env file read under the environment: the repository root's, or for a package the start folder's.
+
+    In a checkout the front end runs the worker at the repository root whatever folder its client starts it
+    from, and the CLI reads the same file from any folder; an installed package has no such folder.
+    """
+    return (checkout_root() or start or Path.cwd()) / ".env"
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """The KEY=value lines of a .env file (none when it does not exist), taken literally.
+
+    No ${VAR} expansion: the front end reads the same file so (mcp-server/src/config.ts parseDotenv).
+    """
+    if not path.exists():
+        return {}
+    try:
+        with path.open(encoding="utf-8") as stream:
+            values = dotenv_values(stream=stream, interpolate=False)
+    except (OSError, UnicodeDecodeError) as exc:
+        msg = f"could not read {path}: {exc.strerror if isinstance(exc, OSError) else exc.reason}"
+        raise SettingsError(msg) from None
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def dotenv_under(environ: Mapping[str, str], dotenv: Mapping[str, str]) -> dict[str, str]:
+    """The .env values the environment leaves to the file: those it has unset or empty.
+
+    The environment wins; the file's own empty values are left out, as empty means the default.
+    """
+    return {
+        name: value for name, value in dotenv.items() if value.strip() and not environ.get(name, "").strip()
+    }
 
 
 class Settings(BaseSettings):
     """Every setting of the worker; see .env.template for the documented list."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+    # An empty variable means its default, as .env.template's empty values do.
+    model_config = SettingsConfigDict(
+        frozen=True, extra="ignore", populate_by_name=True, env_ignore_empty=True
+    )
 
     # Store
     store: Literal["sqlite", "postgres", "iris"] = Field("sqlite", validation_alias="RAG_STORE")
@@ -119,13 +168,27 @@ class Settings(BaseSettings):
     worker_threads: int = Field(4, ge=1, le=64, validation_alias="WORKER_THREADS")
     # The front end's limit, read here too so the worker never admits more work than the front end allows.
     max_concurrent_requests: int = Field(8, ge=1, validation_alias="MAX_CONCURRENT_REQUESTS")
-    log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", validation_alias="LOG_LEVEL"
+    )
 
     @field_validator("data_dir", mode="before")
     @classmethod
     def _empty_data_dir_is_the_default(cls, value: object) -> object:
         # RAG_DATA_DIR= (empty) means the default, as an empty setting does elsewhere; not the current folder.
         return default_data_dir() if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _relative_data_dir_is_the_checkouts(cls, value: Path) -> Path:
+        # The worker runs at the repository root: the CLI, started anywhere, must open the same store.
+        root = checkout_root()
+        return root / value if root is not None and not value.is_absolute() else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level_in_any_case(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _check_overlap(self) -> Settings:
@@ -192,7 +255,9 @@ class Settings(BaseSettings):
         for url in (self.llm_base_url, self.embedding_base_url):
             if not url:
                 continue
-            secrets += [value for value in _userinfo(url) if value]
+            user, password = url_userinfo(url)
+            secrets += [user] if user else []
+            secrets += with_pieces(password)
             secrets += [
                 value
                 for name, value in parse_qsl(_query(url))
@@ -200,8 +265,7 @@ class Settings(BaseSettings):
                 and any(word in name.lower() for word in ("key", "token", "secret", "password", "auth"))
             ]
         if self.postgres_url:
-            password = _userinfo(self.postgres_url.get_secret_value())[1]
-            secrets += [password] if password else []
+            secrets += with_pieces(url_userinfo(self.postgres_url.get_secret_value())[1])
         if self.iris_password and self.iris_password.get_secret_value():
             secrets.append(self.iris_password.get_secret_value())
         return secrets
@@ -219,23 +283,19 @@ def _query(url: str) -> str:
         return ""
 
 
-def _userinfo(url: str) -> tuple[str, str]:
-    """The user name and password of scheme://user:password@host, even in a URL urlsplit refuses."""
-    found = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)@", url)
-    if found is None:
-        return "", ""
-    user, colon, password = found.group(1).partition(":")
-    return user, password if colon else ""
-
-
 class SettingsError(ValueError):
     """Settings that are not valid, in one line naming each variable (never a value: one may be a key)."""
 
 
 def load_settings() -> Settings:
-    """The settings from the environment (and .env); SettingsError, not pydantic's dump, when one is bad."""
+    """The settings from the environment over .env; SettingsError, not pydantic's dump, when one is bad."""
+    # The file's values go in by name where the environment has none (pydantic-settings' own env_file
+    # would expand ${VAR}, which the front end does not); the environment source reads the rest.
+    from_file: dict[str, Any] = {
+        name.upper(): value for name, value in dotenv_under(os.environ, read_dotenv(dotenv_file())).items()
+    }
     try:
-        return Settings()
+        return Settings(**from_file)
     except ValidationError as exc:
         problems = [
             f"{'.'.join(map(str, error['loc']))}: {error['msg']}" if error["loc"] else error["msg"]

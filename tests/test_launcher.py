@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import iris_rag
-from iris_rag import cli, launcher
+from iris_rag import cli, launcher, settings
 from iris_rag.launcher import LaunchError, find_node, front_end_environment
 from iris_rag.settings import default_data_dir
 
@@ -77,6 +77,34 @@ def test_environment_keeps_what_the_caller_chose(tmp_path: Path) -> None:
     assert "RAG_DATA_DIR" not in front_end_environment({}, None, tmp_path)
 
 
+def test_environment_reads_the_dotenv_of_the_start_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Installed, the front end and its worker run in site-packages: the user's .env is where they start.
+    monkeypatch.setattr(settings, "checkout_root", lambda: None)
+    (tmp_path / ".env").write_text(
+        "RAG_DATA_DIR=stores\nREQUEST_TIMEOUT_MS=5000\nMCP_TRANSPORT=http\nLOG_LEVEL=DEBUG\n",
+        encoding="utf-8",
+    )
+    env = front_end_environment({"REQUEST_TIMEOUT_MS": "7000", "LOG_LEVEL": ""}, None, tmp_path)
+    assert env["RAG_DATA_DIR"] == str(tmp_path / "stores")
+    # The environment wins over the file; empty there is as good as unset.
+    assert (env["REQUEST_TIMEOUT_MS"], env["MCP_TRANSPORT"], env["LOG_LEVEL"]) == ("7000", "http", "DEBUG")
+
+
+def test_an_unreadable_dotenv_is_a_launch_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(settings, "checkout_root", lambda: None)
+    (tmp_path / ".env").mkdir()
+    with pytest.raises(LaunchError, match=r"could not read .*\.env"):
+        front_end_environment({}, None, tmp_path)
+
+
+def test_an_empty_server_version_is_the_package_version(tmp_path: Path) -> None:
+    # MCP_SERVER_VERSION= (as .env.template ships it) made the bundle look for a package.json it lacks.
+    env = front_end_environment({"MCP_SERVER_VERSION": " "}, None, tmp_path)
+    assert env["MCP_SERVER_VERSION"] == iris_rag.__version__
+
+
 def test_mcp_command_without_a_bundle_exits_2_naming_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -100,4 +128,4 @@ def test_mcp_command_without_node_exits_2(
 
 
 def test_a_checkout_keeps_its_data_in_the_repository() -> None:
-    assert default_data_dir() == Path("data")
+    assert default_data_dir() == Path(__file__).resolve().parents[1] / "data"

@@ -5,7 +5,7 @@
  */
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 
-import { loadConfig, type Config } from "./config.js";
+import { ConfigError, loadConfig, loadDotenv, type Config } from "./config.js";
 import { gatedInput } from "./frames.js";
 import { HttpFrontDoor } from "./http.js";
 import { createServer, type IrisRagServer } from "./server.js";
@@ -14,6 +14,7 @@ import { createServer, type IrisRagServer } from "./server.js";
 const SHUTDOWN_LIMIT_MS = 10_000;
 
 async function main(): Promise<void> {
+  loadDotenv();
   const config = loadConfig();
   const core = createServer(config);
   let close: () => Promise<void> = async () => undefined;
@@ -62,6 +63,8 @@ async function serveHttp(config: Config, core: IrisRagServer): Promise<() => Pro
 }
 
 main().catch((error: unknown) => {
-  console.error(`[iris-rag] fatal: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}`);
+  // A bad setting is the user's to fix: its one line says which; anything else is a bug, with its stack.
+  const text = error instanceof ConfigError ? error.message : error instanceof Error ? (error.stack ?? error.message) : String(error);
+  console.error(`[iris-rag] fatal: ${text}`);
   process.exit(1);
 });

@@ -1,4 +1,3 @@
-import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
 import type { AuthInfo } from "@modelcontextprotocol/sdk/server/auth/types.js";
@@ -29,11 +28,6 @@ export interface IrisRagServer {
   cleanup: () => Promise<void>;
 }
 
-function packageVersion(repoRoot: string): string {
-  const { version } = JSON.parse(readFileSync(join(repoRoot, "package.json"), "utf8")) as { version?: string };
-  return version ?? "0.0.0";
-}
-
 export function createServer(config: Config): IrisRagServer {
   const bridge = new WorkerBridge({
     python: config.python,
@@ -60,10 +54,9 @@ export function createServer(config: Config): IrisRagServer {
   const limiter = new RateLimiter();
   const tools = new ToolRouter(bridge, specs, announceChange, limiter);
   const resources = new ResourceRouter(bridge, limiter);
-  const version = config.serverVersion ?? packageVersion(config.repoRoot);
 
   const newServer = (): Server => {
-    const server = new Server({ name: config.serverName, version }, { capabilities: { tools: {}, resources: { listChanged: true } }, instructions });
+    const server = new Server({ name: config.serverName, version: config.serverVersion }, { capabilities: { tools: {}, resources: { listChanged: true } }, instructions });
     server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: tools.listTools() }));
     server.setRequestHandler(ListResourcesRequestSchema, async (_request, extra) => ({ resources: await resources.list(principalOf(extra.authInfo)) }));
     server.setRequestHandler(ListResourceTemplatesRequestSchema, () => ({ resourceTemplates: RESOURCE_TEMPLATES }));

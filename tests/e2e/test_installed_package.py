@@ -20,6 +20,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import TextContent
 
+import iris_rag
 from iris_rag.schemas import tool_specs
 from tests.conftest import ROOT
 from tests.e2e.mcp_harness import result_json
@@ -159,6 +160,31 @@ async def test_installed_command_serves_mcp_from_any_directory(venv: Path, tmp_p
             await session.initialize()
         await _call(session, "rag_basic", query)
         assert (await _embedder(session))[0] == "onnx", "the second start loads the export"
+
+
+@pytest.mark.anyio
+async def test_installed_command_reads_the_dotenv_where_it_starts(venv: Path, tmp_path: Path) -> None:
+    # The template's empty MCP_SERVER_VERSION= crashed the bundle (no package.json in site-packages), and
+    # nothing read the .env the template says to copy.
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    (workdir / ".env").write_text(
+        "MCP_SERVER_VERSION=\nEMBEDDING_DIMENSIONS=\nRAG_DATA_DIR=store\n"
+        "RAG_DEFAULT_COLLECTION=from-dotenv\nRAG_TECHNIQUES=basic\n",
+        encoding="utf-8",
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    params = StdioServerParameters(command=str(venv / "bin" / "iris-rag"), args=["mcp"], env=env, cwd=workdir)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        with anyio.fail_after(CALL_TIMEOUT_S):
+            initialized = await session.initialize()
+        assert initialized.serverInfo.version == iris_rag.__version__
+        assert "rag_colbert" not in {tool.name for tool in (await session.list_tools()).tools}
+        await _call(session, "rag_ingest", {"collection_id": "from-dotenv", "documents": DOCUMENTS})
+        answer = await _call(session, "rag_basic", {"query": "Which river flows through Paris?"})
+    assert answer["metadata"]["collection_id"] == "from-dotenv"
+    # A relative RAG_DATA_DIR, from the .env too, is the starting directory's.
+    assert (workdir / "store" / "iris_rag.sqlite3").is_file()
 
 
 async def _embedder(session: ClientSession) -> tuple[str | None, str | None]:
