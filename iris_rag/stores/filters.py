@@ -1,4 +1,9 @@
-"""Metadata filters (options.filters): equality, `in`, ranges on numbers and ISO dates, all ANDed."""
+"""Metadata filters (options.filters): equality, `in`, ranges on numbers and ISO dates, all ANDed.
+
+A list in the metadata (front matter's `tags: [a, b]`) passes a condition when one of its elements does, as
+in MongoDB or Elasticsearch: {"tags": "a"} is membership, {"tags": {"in": [..]}} a shared element, and a
+field's range bounds must hold on one element together. One level only: [[2020]] holds a list, not 2020.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +39,19 @@ class MetadataFilter:
     def fields(self) -> list[str]:
         """The metadata fields the filter reads, in order, without repeats."""
         return list(dict.fromkeys(c.field for c in self.conditions))
+
+    @property
+    def value_tests(self) -> list[tuple[Condition, ...]]:
+        """The conditions as one value (or one list element) must pass them together, in order.
+
+        eq and `in` stand alone; a field's range bounds form one test, so {"gt": 2018, "lt": 2022} needs
+        an element between them, not one element above 2018 and another below 2022.
+        """
+        tests: dict[str | int, list[Condition]] = {}
+        for index, condition in enumerate(self.conditions):
+            key = condition.field if condition.operator in RANGE_OPERATORS else index
+            tests.setdefault(key, []).append(condition)
+        return [tuple(test) for test in tests.values()]
 
 
 def json_kind(value: Any) -> str:

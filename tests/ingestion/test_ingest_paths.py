@@ -78,6 +78,34 @@ def test_ingesting_a_changed_file_again_replaces_its_document(any_service: RagSe
     assert "Spring tides" in stored["content"]
 
 
+def test_front_matter_tags_are_filtered_on_by_each_tag(any_service: RagService, docs: Path) -> None:
+    """README: front matter's lists are metadata "to filter on"; {"tags": "antelope"} matched no note tagged
+    [antelope, africa] (equality compared the whole list), and neither did an `in` of the tag."""
+    notes = docs / "zoo"
+    notes.mkdir()
+    for name, tags in [("kudu", "[antelope, africa]"), ("lion", "[cat, africa]"), ("eland", "antelope")]:
+        front = f"---\ntitle: The {name}\ntags: {tags}\ndate: 2021-05-01\n---\n"
+        (notes / f"{name}.md").write_text(f"{front}The {name} is an animal of the savanna.\n", "utf-8")
+    assert any_service.ingest({"collection_id": "zoo", "paths": [str(notes)]})["errors"] == []
+
+    def found(technique: str, filters: dict[str, Any]) -> set[str]:
+        arguments = {"query": "savanna animal", "collection_id": "zoo", "options": {"filters": filters}}
+        result = any_service.execute({"technique": technique, "arguments": arguments})
+        return {d["id"] for d in result["retrieved_documents"]}
+
+    for technique in ("basic", "hybrid_ifind"):
+        assert found(technique, {"date": {"gte": "2021-01-01"}}) == {
+            "zoo/kudu.md",
+            "zoo/lion.md",
+            "zoo/eland.md",
+        }
+        assert found(technique, {"tags": "antelope"}) == {"zoo/kudu.md", "zoo/eland.md"}, technique
+        assert found(technique, {"tags": {"in": ["cat"]}}) == {"zoo/lion.md"}, technique
+        assert found(technique, {"tags": "africa", "date": "2021-05-01"}) == {"zoo/kudu.md", "zoo/lion.md"}
+    deleted = any_service.delete_documents({"collection_id": "zoo", "filter": {"tags": "cat"}})
+    assert deleted["deleted_ids"] == ["zoo/lion.md"]
+
+
 def test_file_errors_name_the_path_they_came_from(any_service: RagService, docs: Path) -> None:
     (docs / "broken.pdf").write_bytes(b"%PDF-1.7\nnot a pdf at all")
     (docs / "blank.txt").write_text("   \n", encoding="utf-8")

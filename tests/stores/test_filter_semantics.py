@@ -2,8 +2,9 @@
 
 SQLite's json_extract gives `true` as 1 and orders any string above any number, so before its filters
 typed their comparisons it matched {"flag": 1} to `true` and {"s": {"gt": 100}} to "abc"; an object inside
-`in` failed to bind. Each case runs on every backend (any_store) and must select exactly the same
-documents, through matching_document_ids and through the dense and both keyword searches.
+`in` failed to bind. A list matches when one of its elements does (by the same typed equality), and an
+object's members are not elements. Each case runs on every backend (any_store) and must select exactly the
+same documents, through matching_document_ids and through the dense and both keyword searches.
 """
 
 from __future__ import annotations
@@ -29,10 +30,28 @@ METADATA: dict[str, dict[str, Any]] = {
         "obj": {"a": 1, "b": [1, 2]},
         "arr": [1, "x"],
         "nul": None,
+        "list": [True, "2020", {"k": 1}, [1, 2], None],
     },
-    "one": {"flag": 1, "n": True, "s": 2020, "y": "2020", "obj": {"b": [1, 2], "a": 1.0}, "arr": [1, "x"]},
-    "f": {"flag": False, "n": 0, "s": "abc", "y": 2020.0, "obj": {"a": 2}, "arr": ["x", 1], "nul": "null"},
-    "z": {"flag": 0, "y": "2021-01-01", "nul": 0, "obj": '{"a": 2}'},
+    "one": {
+        "flag": 1,
+        "n": True,
+        "s": 2020,
+        "y": "2020",
+        "obj": {"b": [1, 2], "a": 1.0},
+        "arr": [1, "x"],
+        "list": [1, 2020, "abc"],
+    },
+    "f": {
+        "flag": False,
+        "n": 0,
+        "s": "abc",
+        "y": 2020.0,
+        "obj": {"a": 2},
+        "arr": ["x", 1],
+        "nul": "null",
+        "list": [0.0, "2021-06-01"],
+    },
+    "z": {"flag": 0, "y": "2021-01-01", "nul": 0, "obj": '{"a": 2}', "list": {"k": 1, "x": True}},
     "none": {},
 }
 
@@ -67,6 +86,20 @@ CASES: list[tuple[dict[str, Any], set[str]]] = [
     ({"arr": {"in": [[1, "x"]]}}, {"t", "one"}),
     ({"arr": {"in": [["x", 1], 5]}}, {"f"}),
     ({"arr": {"in": [[1]]}}, set()),
+    # A list's elements compare alike; an object's members are not elements.
+    ({"arr": "x"}, {"t", "one", "f"}),
+    ({"list": True}, {"t"}),
+    ({"list": 1}, {"one"}),
+    ({"list": 0}, {"f"}),
+    ({"list": "2020"}, {"t"}),
+    ({"list": 2020}, {"one"}),
+    ({"list": None}, {"t"}),
+    ({"list": {"in": ["abc", 0]}}, {"one", "f"}),
+    ({"list": {"in": [{"k": 1}]}}, {"t"}),
+    ({"list": {"in": [[1.0, 2]]}}, {"t"}),
+    ({"list": {"gt": 100}}, {"one"}),
+    ({"list": {"lt": "2021-01-01"}}, {"t"}),
+    ({"obj": 1}, set()),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from psycopg import sql
@@ -10,6 +11,8 @@ from psycopg.types.json import Jsonb
 from iris_rag.stores.filters import Condition, MetadataFilter
 
 _COMPARE = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+# Binds a value as a named parameter of the fragment and gives its placeholder.
+_Bind = Callable[[Any], sql.Composable]
 
 
 def to_sql(
@@ -26,24 +29,64 @@ def to_sql(
         return sql.Placeholder(name)
 
     target = sql.SQL(column)
-    clauses = [_condition(target, condition, bind) for condition in metadata_filter.conditions]
+    clauses = [_value_test(target, test, bind) for test in metadata_filter.value_tests]
     return sql.SQL(" AND ").join(clauses), parameters
 
 
-def _condition(column: sql.Composable, condition: Condition, bind: Any) -> sql.Composable:
-    value = sql.SQL("({} -> {})").format(column, bind(condition.field))
+def _value_test(column: sql.Composable, test: tuple[Condition, ...], bind: _Bind) -> sql.Composable:
+    """The stored value passes every condition of the test, or it is an array and one element does."""
+    stored = sql.SQL("({} -> {})").format(column, bind(test[0].field))
+    bounds = [_bound(condition, bind) for condition in test]
+    whole = sql.SQL(" AND ").join(_condition(stored, c, b) for c, b in zip(test, bounds, strict=True))
+    # The type test first spares a scalar the element test (the subquery made scalar filters 2x slower).
+    is_array = sql.SQL("jsonb_typeof({}) = 'array'").format(stored)
+    scalars = _scalar_candidates(test)
+    if scalars is not None:
+        # Membership by containment, 4x faster than walking the elements: an array @> [x] when one of
+        # its own elements equals the scalar x as jsonb (1 = 1.0; true is not 1; [[x]] does not hold x).
+        wrapped = bind([Jsonb([value]) for value in scalars])
+        return sql.SQL("(({}) OR ({} AND {} @> ANY({}::jsonb[])))").format(whole, is_array, stored, wrapped)
+    element = sql.SQL("e.value")
+    any_element = sql.SQL(" AND ").join(_condition(element, c, b) for c, b in zip(test, bounds, strict=True))
+    # jsonb_array_elements raises on a non-array: the CASE gives it NULL (no elements) in whatever order
+    # Postgres evaluates the AND.
+    return sql.SQL(
+        "(({whole}) OR ({is_array} AND EXISTS (SELECT 1 FROM jsonb_array_elements("
+        "CASE WHEN {is_array} THEN {v} END) AS e(value) WHERE {element})))"
+    ).format(whole=whole, is_array=is_array, v=stored, element=any_element)
+
+
+def _scalar_candidates(test: tuple[Condition, ...]) -> tuple[Any, ...] | None:
+    """The values an eq or `in` test accepts when all are scalars (None for a range or an object/list)."""
+    (condition, *others) = test
+    if others or condition.operator not in ("eq", "in"):
+        return None
+    values: tuple[Any, ...] = condition.value if condition.operator == "in" else (condition.value,)
+    return None if any(isinstance(v, dict | list | tuple) for v in values) else values
+
+
+def _bound(condition: Condition, bind: _Bind) -> sql.Composable:
+    """The condition's value as a parameter, bound once for the stored value's test and its elements'."""
+    if condition.operator == "eq":
+        return bind(Jsonb(condition.value))
+    if condition.operator == "in":
+        return bind([Jsonb(v) for v in condition.value])
+    return bind(condition.value if isinstance(condition.value, str) else float(condition.value))
+
+
+def _condition(value: sql.Composable, condition: Condition, bound: sql.Composable) -> sql.Composable:
     if condition.operator == "eq":
         # JSON equality: 2020 matches 2020 and 2020.0, true only true, "2020" only the string.
-        return sql.SQL("{} = {}").format(value, bind(Jsonb(condition.value)))
+        return sql.SQL("{} = {}").format(value, bound)
     if condition.operator == "in":
-        return sql.SQL("{} = ANY({}::jsonb[])").format(value, bind([Jsonb(v) for v in condition.value]))
+        return sql.SQL("{} = ANY({}::jsonb[])").format(value, bound)
     operator = sql.SQL(_COMPARE[condition.operator])
     # CASE, not AND: Postgres may evaluate the cast before the type test.
     if isinstance(condition.value, str):
         # ISO dates compare as text, as in SQLite; only string values take part.
         typed = sql.SQL("CASE WHEN jsonb_typeof({v}) = 'string' THEN {v} #>> '{{}}' END").format(v=value)
-        return sql.SQL("{} {} {}").format(typed, operator, bind(condition.value))
+        return sql.SQL("{} {} {}").format(typed, operator, bound)
     typed = sql.SQL("CASE WHEN jsonb_typeof({v}) = 'number' THEN ({v} #>> '{{}}')::float8 END").format(
         v=value
     )
-    return sql.SQL("{} {} {}").format(typed, operator, bind(float(condition.value)))
+    return sql.SQL("{} {} {}").format(typed, operator, bound)

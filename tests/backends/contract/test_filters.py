@@ -1,4 +1,4 @@
-"""Metadata filters: equality, `in`, ranges on numbers and ISO dates, booleans, and unknown fields.
+"""Metadata filters: equality, `in`, ranges on numbers and ISO dates, booleans, lists, and unknown fields.
 
 Each filter is checked three ways, which must agree: the matching ids, and the dense and keyword
 searches restricted to them (every document holds the word "common", so keyword search sees them all).
@@ -63,6 +63,11 @@ CASES: list[tuple[dict[str, Any], set[str]]] = [
 def test_filter_selects_exactly_the_matching_documents(
     filtered: DocumentStore, raw: dict[str, Any], expected: set[str]
 ) -> None:
+    assert_selects(filtered, raw, expected)
+
+
+def assert_selects(filtered: DocumentStore, raw: dict[str, Any], expected: set[str]) -> None:
+    """The filter's matching ids, and the dense and keyword searches restricted to them, are `expected`."""
     metadata_filter = parse_filters(raw)
     assert metadata_filter is not None
     assert filtered.matching_document_ids("c", metadata_filter) == expected
@@ -74,6 +79,50 @@ def test_filter_selects_exactly_the_matching_documents(
     assert {h.chunk_id for h in filtered.keyword_search("c", multifield, 10, metadata_filter)} == {
         f"{i}#0" for i in expected
     }
+
+
+# List-valued fields (a Markdown note's front matter `tags: [antelope, africa]`): a condition holds when the
+# value passes it or, for a list, when one of its elements does; a field's range bounds hold on one element.
+TAGGED: dict[str, dict[str, Any]] = {
+    "kudu": {"tags": ["antelope", "africa"], "authors": ["Ann", "Bo"], "years": [2019, 2021]},
+    "impala": {"tags": ["antelope"], "authors": ["Bo"], "years": [2018, 2022], "seen": ["2020-03-01"]},
+    "lion": {"tags": ["cat", "africa"], "years": 2020, "seen": ["2019-01-01", "2024-06-30"]},
+    "scalar": {"tags": "antelope", "years": [2019.0]},
+    "empty": {"tags": [], "years": []},
+    "nested": {"tags": [["antelope"]], "years": [[2020]]},
+    "none": {},
+}
+
+TAGGED_CASES: list[tuple[dict[str, Any], set[str]]] = [
+    ({"tags": "antelope"}, {"kudu", "impala", "scalar"}),
+    ({"tags": {"in": ["antelope"]}}, {"kudu", "impala", "scalar"}),
+    ({"tags": {"in": ["cat", "africa"]}}, {"kudu", "lion"}),
+    ({"tags": "africa", "authors": "Bo"}, {"kudu"}),
+    ({"tags": "Antelope"}, set()),  # equality is exact, as on scalars
+    ({"years": 2021}, {"kudu"}),
+    ({"years": 2019}, {"kudu", "scalar"}),
+    ({"years": {"gt": 2020}}, {"kudu", "impala"}),
+    ({"years": {"gte": 2019, "lt": 2021}}, {"kudu", "lion", "scalar"}),
+    # Both bounds on one element: impala's 2018 and 2022 are each outside 2019-2021.
+    ({"years": {"gt": 2018, "lt": 2022}}, {"kudu", "lion", "scalar"}),
+    ({"seen": {"gte": "2020-01-01"}}, {"impala", "lion"}),
+    ({"seen": {"gte": "2020-01-01", "lt": "2024-01-01"}}, {"impala"}),
+    ({"years": {"in": [2020]}}, {"lion"}),  # one level of list only: [[2020]] holds a list, not 2020
+]
+
+
+@pytest.fixture
+def tagged(store: DocumentStore) -> DocumentStore:
+    new_collection(store)
+    store.upsert_documents("c", [document(i, [f"common {i}word"], metadata=m) for i, m in TAGGED.items()])
+    return store
+
+
+@pytest.mark.parametrize(("raw", "expected"), TAGGED_CASES, ids=[str(raw) for raw, _ in TAGGED_CASES])
+def test_a_list_field_matches_when_one_of_its_elements_does(
+    tagged: DocumentStore, raw: dict[str, Any], expected: set[str]
+) -> None:
+    assert_selects(tagged, raw, expected)
 
 
 def test_filtered_dense_search_fills_top_k_from_the_matching_documents(filtered: DocumentStore) -> None:

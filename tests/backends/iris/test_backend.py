@@ -173,7 +173,7 @@ def test_vector_literals_round_trip_float32_exactly() -> None:
 
 FILTER_DOCUMENTS = [
     ("a", {"year": 2020, "topic": "food", "published": "2020-05-01", "flag": True}),
-    ("b", {"year": 2020.0, "topic": "geology", "published": "2021-01-10"}),
+    ("b", {"year": 2020.0, "topic": "geology", "published": "2021-01-10", "years": [2019, 2024]}),
     ("c", {"year": "2020", "topic": ["food", "x"], "flag": 1}),
     ("d", {"year": 2023, "published": "2019-12-31T10:00:00", "nested": {"k": 1}}),
     ("e", {}),
@@ -191,6 +191,13 @@ FILTERS = [
     {"nested": {"in": [{"k": 1}]}},
     {"year": 2020, "topic": "food"},
     {"missing": 1},
+    # A list matches when one element does; a field's range bounds must hold on the same element.
+    {"topic": "x"},
+    {"topic": {"in": ["x", "geology"]}},
+    {"years": 2024},
+    {"years": {"gte": 2024}},
+    {"years": {"gt": 2020, "lt": 2023}},
+    {"nested": 1},
 ]
 
 
