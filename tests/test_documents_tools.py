@@ -282,3 +282,8 @@ def test_the_embedding_cache_tells_a_key_nothing_of_collections_it_cannot_see(lo
         first = loaded.ingest({"collection_id": "mine", "documents": [held]})
         again = loaded.ingest({"collection_id": "mine", "documents": [{**held, "id": "again"}]})
     assert (first["embeddings_reused"], again["embeddings_reused"]) == (0, 1)
+    # The operator's reindex reads the collection's own entries: nothing is embedded again.
+    own = {"id": "own", "content": "Tidal bores run upriver. Only this key's collection holds this text."}
+    with principal_scope(writer):
+        loaded.ingest({"collection_id": "mine", "documents": [own]})
+    assert loaded.reindex("mine")["embeddings_reused"] == 3

@@ -217,8 +217,8 @@ class Ingestor:
         progress.stage(f"embedding {len(texts)} chunks of {len(accepted)} documents")
         # A key restricted to some collections reuses only its collection's vectors: a shared hit (and its
         # time saved) would tell it that a collection it cannot see holds the same text.
-        scope = "" if access.sees_everything() else collection_id
-        vectors, result.embeddings_reused = self._embed(texts, shared, scope)
+        private = not access.sees_everything()
+        vectors, result.embeddings_reused = self._embed(texts, shared, collection_id, private=private)
 
         inputs: list[DocumentInput] = []
         row = 0
@@ -256,18 +256,28 @@ class Ingestor:
         return result
 
     def _embed(
-        self, texts: list[str], shared: list[ChunkEncoding] | None = None, scope: str = ""
+        self,
+        texts: list[str],
+        shared: list[ChunkEncoding] | None = None,
+        collection_id: str = "",
+        *,
+        private: bool = False,
     ) -> tuple[npt.NDArray[np.float32], int]:
         """Vectors for the texts, from the cache where the same model already embedded the same text.
 
         `shared`: an index's forward pass over the same texts; its exact dense vectors are used as is.
-        `scope`: a collection id keeps the cache entries to that collection ("": shared by all); texts
-        hold no NUL (dropped at ingest), so a scoped key never equals a shared one.
+        `private`: the cache entries are the collection's own, read and written under a key scoped to it;
+        otherwise (a caller who sees every collection) entries are shared, and the collection's own ones
+        are read too (a reindex after a restricted key's ingest embeds nothing again).
         """
         model = self.settings.embedding_model_id
-        prefix = f"{scope}\x00" if scope else ""
-        hashes = [hashlib.sha256(f"{prefix}{text}".encode()).digest()[:16] for text in texts]
-        cached = self.store.cached_embeddings(model, list(set(hashes)))
+        scoped = [_cache_key(text, collection_id) for text in texts]
+        hashes = scoped if private else [_cache_key(text) for text in texts]
+        wanted = set(hashes) if private else {*hashes, *scoped}
+        cached = self.store.cached_embeddings(model, list(wanted))
+        for key, own in zip(hashes, scoped, strict=True):
+            if key not in cached and own in cached:
+                cached[key] = cached[own]
         known = {} if shared is None else {h: e.dense for h, e in zip(hashes, shared, strict=True)}
         missing = list({h: text for h, text in zip(hashes, texts, strict=True) if h not in cached}.items())
         from_pass = [(h, v) for h, _ in missing if (v := known.get(h)) is not None]
@@ -314,3 +324,12 @@ def stored_id(document: SourceDocument) -> str:
 
 def _content_id(content: str) -> str:
     return "doc-" + hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _cache_key(text: str, collection_id: str = "") -> bytes:
+    """The embedding cache's key of a text: shared, or one collection's own.
+
+    Texts hold no NUL (dropped at ingest), so the two kinds never meet.
+    """
+    prefix = f"{collection_id}\x00" if collection_id else ""
+    return hashlib.sha256(f"{prefix}{text}".encode()).digest()[:16]
