@@ -166,7 +166,8 @@ class Pipeline(ABC):
         if indexed < collection.document_count:
             msg = (
                 f"collection {collection.id!r} has {collection.document_count} documents but the "
-                f"{self.technique} index covers {indexed}: it was ingested before this technique existed. "
+                f"{self.technique} index covers {indexed} and nothing is building it now (documents ingested "
+                "while this technique was not served, or a build that failed: rag_health_check says). "
                 f"Run `iris-rag reindex --collection {collection.id}` (no re-embedding: vectors are cached)"
             )
             raise IndexNotBuiltError(msg, {"indexed": indexed, "documents": collection.document_count})
