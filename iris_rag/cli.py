@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
@@ -14,7 +15,7 @@ import orjson
 from tqdm import tqdm
 
 from iris_rag.embedder import Embedder, resolve_model_path
-from iris_rag.errors import InvalidParametersError, RagError
+from iris_rag.errors import InvalidParametersError, ModelUnavailableError, RagError
 from iris_rag.ingestion.ingestor import CHUNKING_RANGES, stored_id
 from iris_rag.ingestion.loaders import (
     CsvColumns,
@@ -25,6 +26,7 @@ from iris_rag.ingestion.loaders import (
     shown,
 )
 from iris_rag.ingestion.sync import sync_folder
+from iris_rag.redaction import redact_logs
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import Settings, SettingsError, load_settings
@@ -159,10 +161,14 @@ def cmd_ingest_table(args: argparse.Namespace, service: RagService) -> int:
 
 def cmd_query(args: argparse.Namespace, service: RagService) -> int:
     """Run one technique and print the response as JSON."""
+    if args.sql is not None and args.technique != "sqlrag":
+        msg = f"--sql is for --technique sqlrag, not {args.technique}"
+        raise InvalidParametersError(msg)
     arguments = {
         "query": args.query,
         "options": {"top_k": args.top_k, "generate": not args.no_generate},
         **({"collection_id": args.collection} if args.collection else {}),
+        **({"technique_params": {"sql": args.sql}} if args.sql is not None else {}),
     }
     service.embedder.wait_ready()
     result = service.execute({"technique": args.technique, "arguments": arguments})
@@ -233,7 +239,9 @@ def cmd_health(args: argparse.Namespace, service: RagService) -> int:
         else:  # an embedding API: nothing local to check without a request
             report["embedding_model"] = service.settings.embedding_model_id
     else:
-        service.embedder.wait_ready()
+        # A model that cannot load is the report's to tell (embedding_service unhealthy, exit 1).
+        with contextlib.suppress(ModelUnavailableError):
+            service.embedder.wait_ready()
         report = service.health_check({"include_details": True})
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     return 1 if report["status"] == "unhealthy" else 0
@@ -334,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--top-k", type=int, default=5)
     query.add_argument("--no-generate", action="store_true", help="return the evidence only")
     query.add_argument("--answer-only", action="store_true", help="print only the answer text")
+    query.add_argument(
+        "--sql",
+        default=None,
+        help="for --technique sqlrag: the SELECT to run (needed without an LLM; an error lists the tables)",
+    )
     query.set_defaults(handler=cmd_query)
 
     reindex = commands.add_parser(
@@ -445,7 +458,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         raise InvalidParametersError(str(exc)) from None
     source, target = StoreSpec.parse(args.source), StoreSpec.parse(args.target)
-    if source == target:
+    if source.same_store(target):
         msg = f"--from and --to are the same store ({source.describe()})"
         raise InvalidParametersError(msg)
     with (
@@ -499,6 +512,20 @@ def _serving_only_evaluated(settings: Settings, requested: str) -> Settings:
     return settings.model_copy(update={"techniques": ",".join(bases)})
 
 
+def _print_tables(exc: RagError) -> None:
+    """The tables of a rag_sqlrag error that asks for SQL (its details.schema), to write --sql over."""
+    schema = exc.details.get("schema")
+    if not isinstance(schema, list) or not schema:
+        return
+    from iris_rag.techniques.sqlrag.safety import dialect_name
+    from iris_rag.techniques.sqlrag.schema import schema_text
+
+    rules = exc.details.get("rules")
+    dialect = dialect_name(str(rules.get("dialect", ""))) if isinstance(rules, dict) else "SQL"
+    print(f"write one {dialect} SELECT over these tables and pass it with --sql:", file=sys.stderr)
+    print(schema_text(schema), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; Ctrl-C ends it with one line and status 130, not a traceback."""
     try:
@@ -517,6 +544,7 @@ def _main(argv: list[str] | None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.command == "migrate":
         # Two stores and no model: nothing is embedded, so no service.
+        redact_logs()
         try:
             return cmd_migrate(args)
         except RagError as exc:
@@ -531,19 +559,27 @@ def _main(argv: list[str] | None) -> int:
     except SettingsError as exc:  # one line naming the variable, not pydantic's dump of the environment
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    redact_logs(settings.llm_secrets)
     if args.command == "eval":
         settings = _serving_only_evaluated(settings, args.techniques)
     # Only commands that embed need the model loaded; `health --quick` must stay light.
     embedder = None if args.command != "health" or not args.quick else _idle_embedder(settings)
+    # The commands that write build the indexes their collection lacks, and wait for them (eval queues its
+    # collection's once it knows it); the others build none: they would abandon the builds at exit.
+    index_scan = [args.collection] if args.command in {"ingest", "sync", "reindex"} else []
     try:
-        service = RagService(settings, embedder=embedder)
+        service = RagService(settings, embedder=embedder, index_scan=index_scan)
     except RagError as exc:  # DATABASE_CONNECTION_FAILED, say: the code and reason, not a traceback
         print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    except SettingsError as exc:  # techniques this configuration cannot serve
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         code: int = args.handler(args, service)
     except RagError as exc:
         print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        _print_tables(exc)
         code = 2
     finally:
         service.close()

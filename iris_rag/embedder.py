@@ -320,7 +320,13 @@ class Embedder:
         except Exception as exc:
             self.state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
-            logger.exception("embedding model %s failed to load", self.model_name)
+            # A ModelUnavailableError's message says what to do; a traceback is for the unexpected.
+            logger.exception(
+                "embedding model %s failed to load: %s",
+                self.model_name,
+                self.error,
+                exc_info=not isinstance(exc, ModelUnavailableError),
+            )
         finally:
             self._ready.set()
         if self.state == "ready" and not self._closing:

@@ -97,10 +97,11 @@ ModelUnavailableError = EmbeddingServiceUnavailableError
 
 
 class DatabaseConnectionFailedError(RagError):
-    """The store cannot be opened or reached.
+    """The store cannot be opened, reached or written.
 
-    The PostgreSQL server (at start or during a call), a malformed RAG_POSTGRES_URL, or a SQLite folder
-    (RAG_DATA_DIR) that cannot be written.
+    The PostgreSQL server (at start or during a call), a malformed RAG_POSTGRES_URL, a store with a newer
+    release's schema, or SQLite's file: its folder (RAG_DATA_DIR) or disk cannot be written (at start or
+    during a call), it is damaged, or it was removed or replaced under the running server.
     """
 
     code = "DATABASE_CONNECTION_FAILED"

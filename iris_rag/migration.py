@@ -7,7 +7,8 @@ trees with their leaf vectors, GraphRAG's graph with its entity-name vectors, SQ
 Each collection is copied in one transaction of the target: it appears whole or not at all. A collection
 the target already holds is refused unless `replace` is asked for, and then it is replaced in that same
 transaction. A target with a bulk write path (PostgreSQL: COPY, the HNSW index built once after the rows)
-takes the copy through it.
+takes the copy through it. Structured tables (rag_ingest_table's) are not copied: replacing a collection
+drops the target's, and its summary names them.
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ class StoreSpec:
         backend, _, location = text.partition(":")
         if backend == "sqlite" and location:
             path = Path(location).expanduser()
-            # A folder is a RAG_DATA_DIR: the store's file inside it.
-            return cls("sqlite", str(path / "iris_rag.sqlite3" if path.is_dir() else path))
+            return cls("sqlite", str(path if _names_the_file(location, path) else path / _SQLITE_FILE))
         if backend == "postgres" and location.startswith(("postgresql://", "postgres://")):
             return cls("postgres", location)
         if backend == "iris" and location in ("", "env"):
@@ -91,6 +91,23 @@ class StoreSpec:
             "postgres:postgresql://user:password@host:5432/db, or iris: (the IRIS_* environment variables)"
         )
         raise InvalidParametersError(msg, {"store": redact(text)})
+
+    def same_store(self, other: StoreSpec) -> bool:
+        """Whether both name one store, however spelled.
+
+        SQLite: the same file, through relative paths and symlinks; PostgreSQL: the same host, port and
+        database, whoever logs in; IRIS: both the IRIS_* variables' server.
+        """
+        if self.backend != other.backend:
+            return False
+        if self.backend == "sqlite":
+            mine, theirs = Path(self.location), Path(other.location)
+            if mine.exists() and theirs.exists():
+                return mine.samefile(theirs)  # hard links too
+            return mine.resolve() == theirs.resolve()
+        if self.backend == "postgres":
+            return _postgres_database(self.location) == _postgres_database(other.location)
+        return True
 
     def describe(self) -> str:
         """The spec without secrets, for messages."""
@@ -118,6 +135,35 @@ class StoreSpec:
         return create_store(settings.model_copy(update={"store": self.backend}))
 
 
+_SQLITE_FILE = "iris_rag.sqlite3"  # the store's file in a RAG_DATA_DIR (Settings.database_path)
+
+# Endings that name a SQLite file itself; any other path that is not a file already is a data folder.
+_SQLITE_SUFFIXES = (".sqlite3", ".sqlite", ".db")
+
+
+def _names_the_file(location: str, path: Path) -> bool:
+    """sqlite:PATH names the store's file (else a RAG_DATA_DIR folder, made if it does not exist yet).
+
+    An existing file, or a name ending in .sqlite3, .sqlite or .db, not followed by a slash.
+    """
+    if location.endswith(("/", "\\")) or path.is_dir():
+        return False
+    return path.is_file() or path.suffix.lower() in _SQLITE_SUFFIXES
+
+
+def _postgres_database(url: str) -> tuple[str, str, str]:
+    """(host, port, database) of a PostgreSQL URL, libpq's defaults filled in; the URL as is if unparsable."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict  # the postgres extra
+
+        found = conninfo_to_dict(url)
+    except Exception:  # no driver, or a URL it cannot read: only an identical spelling is the same
+        return (url, "", "")
+    host = str(found.get("host") or "").lower()
+    port = str(found.get("port") or "5432")
+    return host, port, str(found.get("dbname") or found.get("user") or "")
+
+
 @dataclass
 class CollectionCopy:
     """What one collection's copy moved."""
@@ -127,6 +173,8 @@ class CollectionCopy:
     chunks: int = 0
     replaced: bool = False
     techniques: dict[str, int] = field(default_factory=dict)
+    # The replaced collection's structured tables (rag_ingest_table) in the target: dropped, none copied.
+    dropped_tables: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary the command prints."""
@@ -136,6 +184,7 @@ class CollectionCopy:
             "chunks": self.chunks,
             "replaced": self.replaced,
             "techniques": self.techniques,
+            "dropped_tables": self.dropped_tables,
         }
 
 
@@ -201,6 +250,14 @@ def _copy_collection(
     document_ids = source.document_ids(collection_id)
     with _load_transaction(target):
         if replace:
+            report.dropped_tables = _structured_tables(target, collection_id)
+            if report.dropped_tables:
+                logger.warning(
+                    "replacing %r drops its structured tables in the target (%s): migrate does not copy "
+                    "structured tables; ingest them again (rag_ingest_table)",
+                    collection_id,
+                    ", ".join(report.dropped_tables),
+                )
             _drop_technique_rows(target, collection_id)
             target.delete_collection(collection_id)
         new = NewCollection(info.embedding_model, info.dimension)
@@ -284,6 +341,14 @@ def _techniques_with_rows(source: DocumentStore, collection_id: str) -> list[str
     if tables is not None and tables.view_for(collection_id) is not None:
         found.append("sqlrag")
     return found
+
+
+def _structured_tables(store: DocumentStore, collection_id: str) -> list[str]:
+    """The collection's structured tables (rag_ingest_table's; not its documents view) in the store."""
+    tables = _storage(store, StructuredTableStorage)
+    if tables is None:
+        return []
+    return [t.name for t in tables.list_tables() if t.kind == "table" and t.collection_id == collection_id]
 
 
 def _drop_technique_rows(target: DocumentStore, collection_id: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
@@ -34,7 +34,7 @@ from iris_rag.podcast.maker import PodcastMaker, PodcastRequest, podcast_file
 from iris_rag.questions import SmartQuestions, SmartQuestionsRequest
 from iris_rag.result_cache import ResultCache, cache_key
 from iris_rag.schemas import CORRELATION_FIELDS, served_tool_specs, technique_tools, tool_specs
-from iris_rag.settings import Settings
+from iris_rag.settings import Settings, SettingsError
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import DocumentCoverage
@@ -66,14 +66,25 @@ def _served(settings: Settings, tools: dict[str, str]) -> set[str]:
     unknown = sorted(set(wanted) - available)
     if unknown:
         msg = f"RAG_TECHNIQUES names unknown techniques {unknown}; available: {', '.join(sorted(available))}"
-        raise ValueError(msg)
+        raise SettingsError(msg)
     return set(wanted)
 
 
 class RagService:
     """Everything the worker (and the CLI, and the benchmarks) call, one method per bridge method."""
 
-    def __init__(self, settings: Settings, *, embedder: TextEncoder | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        embedder: TextEncoder | None = None,
+        index_scan: Sequence[str] | None = None,
+    ) -> None:
+        """Build everything; `index_scan`: the collections whose missing index rows are built at start.
+
+        None: every one (the worker). A CLI command names the one it writes, or none: a short process
+        would abandon at exit the builds it started.
+        """
         self.settings = settings
         self.started_at = time.time()
         self.store = create_store(settings)
@@ -108,7 +119,7 @@ class RagService:
                     f"{settings.embedding_provider} does not give; leave it out of RAG_TECHNIQUES, e.g. "
                     "RAG_TECHNIQUES=basic,hyde,hybrid_ifind,crag,graphrag,noderag,sqlrag"
                 )
-                raise ValueError(msg)
+                raise SettingsError(msg)
             try:
                 self.pipelines[name] = cls(context)
             except NotImplementedError:
@@ -120,7 +131,7 @@ class RagService:
                 f"{self.store.backend_name} store; serve the others, e.g. "
                 "RAG_TECHNIQUES=basic,hyde,hybrid_ifind,crag"
             )
-            raise ValueError(msg)
+            raise SettingsError(msg)
         indexes = [i for p in self.pipelines.values() if (i := p.technique_index()) is not None]
         for index in indexes:
             self.store.register_index(index)
@@ -128,7 +139,9 @@ class RagService:
             for name, pipeline in sorted(self.pipelines.items()):
                 if (technique_index := pipeline.technique_index()) is not None:
                     self.index_builder.add(name, technique_index)
-            self.index_builder.start()  # first, documents an index lacks (a restart finishes a build)
+            self.index_builder.start(
+                index_scan
+            )  # first, documents an index lacks (a restart finishes a build)
         self.ingestor = Ingestor(settings, self.store, self.embedder, indexes, self.index_builder)
 
     def close(self) -> None:
@@ -498,18 +511,27 @@ class RagService:
         details = bool(arguments.get("include_details", False))
         # The seed names the store's component iris_database when IRIS is the store.
         database = "iris_database" if self.store.backend_name == "iris" else "database"
+        reached = _check(self._check_database, details)
+        # An unreachable database is not asked again for the store's sizes and the call log: each would
+        # wait as long as the first check did (the pool's wait, 5 s on PostgreSQL).
+        down = reached["status"] == "unhealthy"
         components = {
-            database: _check(self._check_database, details),
+            database: reached,
             "python_bridge": _check(self._check_worker, details),
             "embedding_service": _check(self._check_embedder, details),
             "llm_service": _check(self._check_llm, details),
-            "vector_store": _check(self._check_vector_store, details),
+            "vector_store": _check(self._database_down if down else self._check_vector_store, details),
         }
         statuses = {c["status"] for c in components.values()}
         overall = (
             "unhealthy" if "unhealthy" in statuses else "degraded" if "degraded" in statuses else "healthy"
         )
-        return {"status": overall, "timestamp": _now(), "components": components, **self._performance()}
+        performance = {} if down else self._performance()
+        return {"status": overall, "timestamp": _now(), "components": components, **performance}
+
+    @staticmethod
+    def _database_down() -> tuple[str, str | None, dict[str, Any]]:
+        return "unhealthy", "the database cannot be reached (see its component)", {}
 
     def _performance(self) -> dict[str, Any]:
         """The spec's performance block: the last hour's calls; left out if the call log cannot be read."""
@@ -601,7 +623,8 @@ class RagService:
         """INDEX_BUILD, documents queued, and per collection each technique index's state.
 
         ready; building (indexed_documents of documents); failed (error); incomplete (nothing is building
-        it: inline builds, or a technique served after the collection was ingested: `iris-rag reindex`).
+        it: inline builds, a technique served after the collection was ingested, an eval that scored other
+        techniques, or a CLI command that builds no index of this collection: `iris-rag reindex`).
         """
         builder = self.index_builder
         collections: dict[str, dict[str, Any]] = {}

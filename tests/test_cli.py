@@ -169,3 +169,69 @@ def test_ctrl_c_prints_one_line_and_exits_130(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == ["iris-rag: interrupted"]
+
+
+def test_health_reports_a_model_that_cannot_load_as_unhealthy(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`health` is what a container HEALTHCHECK runs: the report and status 1, not an error and status 2."""
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_TECHNIQUES", "basic")
+    monkeypatch.setenv("EMBEDDING_BACKEND", "onnx")
+    monkeypatch.setenv("EMBEDDING_ONNX_DIR", str(tmp_path / "no-export"))
+    assert cli.main(["health"]) == 1
+    out, err = capsys.readouterr()
+    report = orjson.loads(out)
+    assert report["status"] == "unhealthy"
+    embedding = report["components"]["embedding_service"]
+    assert (embedding["status"], embedding["details"]["state"]) == ("unhealthy", "failed")
+    assert "has no ONNX export in" in embedding["error_message"]
+    assert "error EMBEDDING_SERVICE_UNAVAILABLE" not in err
+    # The reason is the message; a traceback of where it was raised adds nothing.
+    failed = [r for r in caplog.records if r.name == "iris_rag.embedder" and "failed to load" in r.message]
+    assert failed and not any(record.exc_info for record in failed)
+
+
+@pytest.fixture
+def shop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A structured table of collection shop in a fresh data folder, no LLM to write SQL."""
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_TECHNIQUES", "basic,sqlrag")
+    monkeypatch.setenv("LLM_PROVIDER", "none")
+    sales = tmp_path / "sales.csv"
+    sales.write_text("region,amount\nnorth,10.5\nsouth,7.0\nnorth,3.0\nwest,99\n", encoding="utf-8")
+    assert cli.main(["ingest-table", str(sales), "--table", "sales", "--collection", "shop"]) == 0
+
+
+def test_query_sqlrag_without_an_llm_prints_the_tables_to_write_sql_over(
+    shop: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert (
+        cli.main(["query", "Which region sold the most?", "--technique", "sqlrag", "--collection", "shop"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "error INVALID_PARAMETERS: technique_params.sql is required" in err
+    assert "write one SQLite SELECT over these tables and pass it with --sql:" in err
+    assert "t_sales (4 rows; ingested from sales.csv)" in err
+    assert "  region TEXT  e.g. 'north'" in err
+
+
+def test_query_sqlrag_runs_the_sql_given_with_sql(shop: None, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    sql = "SELECT region, SUM(amount) AS total FROM t_sales GROUP BY region ORDER BY total DESC LIMIT 1"
+    argv = ["query", "Which region sold the most?", "--technique", "sqlrag", "--collection", "shop"]
+    assert cli.main([*argv, "--sql", sql, "--no-generate"]) == 0
+    result = orjson.loads(capsys.readouterr().out)
+    sql_run = result["metadata"]["technique_specific"]
+    assert sql_run["sql_source"] == "caller"
+    assert (sql_run["columns"], sql_run["rows"]) == (["region", "total"], [["west", 99.0]])
+
+
+def test_sql_is_only_for_the_sqlrag_technique(shop: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["query", "anything", "--technique", "basic", "--sql", "SELECT 1"]) == 2
+    assert "error INVALID_PARAMETERS: --sql is for --technique sqlrag" in capsys.readouterr().err

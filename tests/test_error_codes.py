@@ -6,12 +6,14 @@ import json
 import re
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from iris_rag import errors
 from iris_rag.backends import create_store
+from iris_rag.backends.sqlite.store import sqlite_connection
 from iris_rag.embedder import Embedder
 from iris_rag.errors import (
     DatabaseConnectionFailedError,
@@ -23,7 +25,7 @@ from iris_rag.service import RagService
 from iris_rag.settings import Settings, default_data_dir
 from iris_rag.validation import validate_arguments
 from iris_rag.worker.dispatch import Dispatcher
-from tests.conftest import DOCUMENTS
+from tests.conftest import DOCUMENTS, SAMPLE_CORPUS
 from tests.fake_openai import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,3 +255,89 @@ def test_a_data_dir_that_cannot_hold_the_store_is_named_without_a_traceback(
     assert (
         error.startswith("error DATABASE_CONNECTION_FAILED: the SQLite store ") and "Traceback" not in error
     )
+
+
+def _scifact(count: int) -> list[dict[str, object]]:
+    lines = SAMPLE_CORPUS.read_text(encoding="utf-8").splitlines()[:count]
+    return [{"id": d["_id"], "title": d["title"], "content": d["text"]} for d in map(json.loads, lines)]
+
+
+@pytest.mark.parametrize(
+    ("limit", "said"),
+    [
+        # A full disk, as SQLite says it (a file-size limit, ulimit -f, says "disk I/O error": SQLITE_IOERR).
+        ("PRAGMA max_page_count = {pages}", "database or disk is full"),
+        ("PRAGMA query_only = 1", "attempt to write a readonly database"),
+    ],
+    ids=["full", "read-only"],
+)
+def test_a_sqlite_store_that_cannot_be_written_is_database_connection_failed(
+    tmp_path: Path, embedder: Embedder, limit: str, said: str
+) -> None:
+    """The operator's to fix (the README's RAG_DATA_DIR the store cannot write), not a bug: no traceback."""
+    service = RagService(Settings(RAG_DATA_DIR=tmp_path), embedder=embedder)
+    dispatcher = Dispatcher(service)
+    try:
+        assert dispatcher.call("ingest", {"collection_id": "docs", "documents": DOCUMENTS})[0]
+        # The calling thread's connection: the dispatcher runs the call on it.
+        connection = sqlite_connection(service.store)
+        connection.execute(limit.format(pages=connection.execute("PRAGMA page_count").fetchone()[0]))
+        for collection in ("docs", "new"):
+            ok, error = dispatcher.call("ingest", {"collection_id": collection, "documents": _scifact(40)})
+            assert not ok and error["code"] == "DATABASE_CONNECTION_FAILED", error
+            assert said in error["message"] and "RAG_DATA_DIR" in error["message"], error
+        # Nothing half-written: the ingest went whole or not at all.
+        assert [(c.id, c.document_count) for c in service.store.list_collections()] == [("docs", 3)]
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-a-database"])
+def test_a_damaged_sqlite_file_is_named_as_damaged_and_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    from iris_rag.cli import main
+
+    settings = Settings(RAG_DATA_DIR=tmp_path)
+    path = settings.database_path
+    if damage == "truncated":  # the schema's pages cut off
+        create_store(settings).close()
+        with path.open("r+b") as file:
+            file.truncate(4096)
+    else:
+        path.write_text("notes that were never a database\n" * 200, encoding="utf-8")
+    before = path.read_bytes()
+    with pytest.raises(DatabaseConnectionFailedError) as failure:
+        create_store(settings)
+    message = failure.value.message
+    assert "damaged or not an iris-rag database" in message and "restore it from a backup" in message
+    assert "must be a folder" not in message
+    assert path.read_bytes() == before  # never repaired, emptied or deleted by opening
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    assert main(["health", "--quick"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error DATABASE_CONNECTION_FAILED: the SQLite store ") and "damaged" in error
+    assert "Traceback" not in error and len(error.splitlines()) == 1
+
+
+def test_a_sqlite_file_removed_under_the_running_service_makes_the_database_unhealthy(
+    tmp_path: Path, embedder: Embedder
+) -> None:
+    service = RagService(Settings(RAG_DATA_DIR=tmp_path), embedder=embedder)
+    try:
+        service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+        assert service.health_check({})["components"]["database"]["status"] == "healthy"
+        for file in tmp_path.glob("iris_rag.sqlite3*"):
+            file.unlink()
+        database = service.health_check({})["components"]["database"]
+        assert database["status"] == "unhealthy" and "removed or replaced" in database["error_message"]
+        # A call on a thread new to the store: refused, not served from an empty file made at the path.
+        with ThreadPoolExecutor(1) as thread:
+            ok, error = thread.submit(Dispatcher(service).call, "list_collections", {}).result()
+        assert not ok and error["code"] == "DATABASE_CONNECTION_FAILED", error
+        assert not service.settings.database_path.exists()
+        create_store(service.settings).close()  # another file now where the store was (a restore, say)
+        database = service.health_check({})["components"]["database"]
+        assert database["status"] == "unhealthy" and "restart" in database["error_message"]
+    finally:
+        service.close()

@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from iris_rag import migration
+from iris_rag.backends import create_store
 from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.cli import main
 from iris_rag.embedder import Embedder
@@ -29,6 +30,8 @@ from iris_rag.stores.base import ChunkInput, DocumentInput
 from iris_rag.techniques.colbert.storage import TokenVectorStorage
 from iris_rag.techniques.graphrag.storage import KnowledgeGraphStorage
 from iris_rag.techniques.noderag.storage import NodeTreeStorage
+from iris_rag.techniques.sqlrag.storage import StructuredTableStorage
+from iris_rag.techniques.sqlrag.tables import ingest_table, parse_records
 from tests.conftest import DOCUMENTS, SAMPLE_CORPUS
 
 QUERIES = [
@@ -424,3 +427,122 @@ def test_a_document_rewritten_while_it_is_copied_arrives_whole_old_or_whole_new(
     finally:
         for store in (origin, writer, target):
             store.close()
+
+
+def _private_copy(source: Source, data: Path) -> Path:
+    """The source store copied into the folder `data` (tests that write to their source)."""
+    data.mkdir()
+    path = data / "iris_rag.sqlite3"
+    with sqlite3.connect(source.path) as original, sqlite3.connect(path) as copy:
+        original.backup(copy)
+    return path
+
+
+def _add_people_table(path: Path, collection_id: str) -> None:
+    """A structured table of the collection, as rag_ingest_table makes one (migrate never copies them)."""
+    store = SqliteStore(path)
+    try:
+        storage = store.technique_storage(StructuredTableStorage)
+        ingest_table(
+            storage,
+            "people",
+            parse_records([{"name": "Ada"}]),
+            collection_id=collection_id,
+            source="people.csv",
+        )
+    finally:
+        store.close()
+
+
+def test_a_sqlite_target_that_does_not_exist_yet_is_a_data_folder(
+    source: Source, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README's `--to sqlite:/backup`: a folder holding iris_rag.sqlite3, ready to be a RAG_DATA_DIR."""
+    backup = tmp_path / "backup"
+    for spelled in (str(backup), f"{backup}/"):
+        assert StoreSpec.parse(f"sqlite:{spelled}") == StoreSpec("sqlite", str(backup / "iris_rag.sqlite3"))
+    # A name ending in .sqlite3 or .db, or a file already there, is the file itself.
+    for name in ("copy.sqlite3", "copy.db"):
+        assert StoreSpec.parse(f"sqlite:{tmp_path / name}") == StoreSpec("sqlite", str(tmp_path / name))
+    existing = tmp_path / "store-file"
+    existing.touch()
+    assert StoreSpec.parse(f"sqlite:{existing}") == StoreSpec("sqlite", str(existing))
+    code, _, err = _migrate(
+        "--from", f"sqlite:{source.path}", "--to", f"sqlite:{backup}/", "--collection", "other", capsys=capsys
+    )
+    assert code == 0, err
+    assert backup.is_dir()
+    target = create_store(Settings(RAG_DATA_DIR=backup))
+    try:
+        assert [c.id for c in target.list_collections()] == ["other"]
+    finally:
+        target.close()
+
+
+def test_the_same_store_spelled_otherwise_is_refused_before_anything_is_written(
+    source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A relative path, the folder or the file, a symlinked folder: one store, so --replace would copy a
+    collection onto itself (and drop its structured tables, which migrate does not copy)."""
+    data = tmp_path / "data"
+    path = _private_copy(source, data)
+    _add_people_table(path, "docs")
+    (tmp_path / "link").symlink_to(data)
+    monkeypatch.chdir(tmp_path)
+    for spelled in (
+        "data",
+        "data/iris_rag.sqlite3",
+        "./data/",
+        str(tmp_path / "link"),
+        "link/iris_rag.sqlite3",
+    ):
+        code, out, err = _migrate(
+            "--from",
+            f"sqlite:{path}",
+            "--to",
+            f"sqlite:{spelled}",
+            "--collection",
+            "docs",
+            "--replace",
+            capsys=capsys,
+        )
+        assert code == 2 and "the same store" in err and out == "", (spelled, err)
+    store = SqliteStore(path)
+    try:
+        assert store.technique_storage(StructuredTableStorage).get_table("t_people") is not None
+        info = store.get_collection("docs")
+        assert info is not None and info.document_count == len(_corpus())
+    finally:
+        store.close()
+    # PostgreSQL: the same server and database, whoever logs in and however the port is spelled.
+    same = StoreSpec.parse("postgres:postgresql://alice:pw@db.example:5432/rag")
+    assert same.same_store(StoreSpec.parse("postgresql://bob:other@db.example/rag"))
+    assert not same.same_store(StoreSpec.parse("postgresql://alice:pw@db.example:5432/other"))
+    assert not same.same_store(StoreSpec.parse("postgresql://alice:pw@db2.example:5432/rag"))
+    assert not same.same_store(StoreSpec.parse(f"sqlite:{path}"))
+
+
+def test_replace_names_the_structured_tables_it_drops_from_the_target_collection(
+    source: Source, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "target"
+    code, _, err = _migrate(
+        "--from", f"sqlite:{source.path}", "--to", f"sqlite:{target}", "--collection", "other", capsys=capsys
+    )
+    assert code == 0, err
+    _add_people_table(target / "iris_rag.sqlite3", "other")
+    code, out, err = _migrate(
+        "--from",
+        f"sqlite:{source.path}",
+        "--to",
+        f"sqlite:{target}",
+        "--collection",
+        "other",
+        "--replace",
+        capsys=capsys,
+    )
+    assert code == 0, err
+    summary = orjson.loads(out)
+    assert summary["replaced"] is True and summary["dropped_tables"] == ["t_people"]
+    # Said on stderr too (the command logs warnings there; here pytest captures them).
+    assert "t_people" in caplog.text and "does not copy structured tables" in caplog.text

@@ -1,6 +1,7 @@
 """Ingestion and the collection tools through the service (what the worker calls)."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,14 @@ def test_reindex_rebuilds_without_re_embedding(loaded_service: RagService) -> No
     assert ask(loaded_service, "lava")["retrieved_documents"][0]["id"] == "volcano"
 
 
+def test_reindex_leaves_the_documents_dates_as_they_were(loaded_service: RagService) -> None:
+    """Nothing about a document changes in a reindex, so rag_list_documents must not report an edit."""
+    before = loaded_service.list_documents({"collection_id": "docs"})["documents"]
+    time.sleep(0.01)  # the stores' timestamps have millisecond resolution
+    loaded_service.reindex("docs")
+    assert loaded_service.list_documents({"collection_id": "docs"})["documents"] == before
+
+
 def test_rag_techniques_limits_tools_and_ingest_indexes(settings: Settings, embedder: Embedder) -> None:
     every = RagService(settings, embedder=embedder)
     try:
@@ -184,3 +193,24 @@ def test_rag_metrics_names_an_unknown_technique_filter_and_takes_tool_names(
     with pytest.raises(InvalidParametersError) as unknown:
         loaded_service.metrics({"technique_filter": ["basic", "colbret"]})
     assert "colbret" in unknown.value.message and "colbert" in unknown.value.message
+
+
+def test_health_asks_an_unreachable_database_once(
+    loaded_service: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each database question of a health check waited the pool's time out: 15 s while PostgreSQL was down."""
+    asked: list[str] = []
+
+    def unreachable(*_: object) -> None:
+        asked.append("asked")
+        msg = "the PostgreSQL server cannot be reached"
+        raise OSError(msg)
+
+    monkeypatch.setattr(loaded_service.store, "ping", unreachable)
+    monkeypatch.setattr(loaded_service.store, "stats", unreachable)
+    monkeypatch.setattr(loaded_service.monitor, "metrics", unreachable)
+    health = loaded_service.health_check({"include_details": True})
+    assert asked == ["asked"]
+    assert health["status"] == "unhealthy"
+    assert health["components"]["vector_store"]["status"] == "unhealthy"
+    assert "performance" not in health

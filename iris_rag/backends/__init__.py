@@ -71,34 +71,59 @@ def create_store(settings: Settings) -> DocumentStore:
             ann_min_chunks=settings.sqlite_ann_min_chunks,
             ann_probe_share=settings.sqlite_ann_probe_share,
         )
-    except (OSError, sqlite3.Error) as exc:  # RAG_DATA_DIR a file, read-only, on a full disk...
-        msg = (
-            f"the SQLite store {settings.database_path} cannot be opened ({type(exc).__name__}: {exc}); "
-            "RAG_DATA_DIR must be a folder this process can write"
-        )
-        raise DatabaseConnectionFailedError(msg) from None
+    except (OSError, sqlite3.Error) as exc:  # RAG_DATA_DIR a file, read-only, on a full disk; a damaged file
+        hint = _sqlite_hint(exc) if isinstance(exc, sqlite3.Error) else _UNWRITABLE_HINT
+        msg = f"the SQLite store {settings.database_path} cannot be opened ({type(exc).__name__}: {exc})"
+        raise DatabaseConnectionFailedError(f"{msg}; {hint}" if hint else msg) from None
 
 
 def connection_failure(
     error: BaseException, secrets: list[str] | None = None
 ) -> DatabaseConnectionFailedError | None:
-    """DATABASE_CONNECTION_FAILED if the error, or one it was raised from, says the database server is gone.
+    """DATABASE_CONNECTION_FAILED if the error, or one it was raised from, says the store cannot be used.
 
     That is a PostgreSQL connection error (no SQLSTATE: refused, reset, closed; class 08; or the server
-    shutting down, 57P01-57P03) or a pool that could not get a connection; a statement's own failure
-    (a time-out, a constraint) is not. SQLite has no server to lose.
+    shutting down, 57P01-57P03) or a pool that could not get a connection; or SQLite's file that cannot be
+    written or read (a full disk, a file-size limit, a read-only file) or is damaged. A statement's own
+    failure (a time-out, a constraint) is not.
     """
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if isinstance(current, DatabaseConnectionFailedError):  # a store said so itself (IRIS's)
+            return current
         if _lost_server(current):
             return DatabaseConnectionFailedError(
                 f"the PostgreSQL server cannot be reached: {type(current).__name__}: "
                 f"{_first_line(current, secrets or [])}"
             )
+        if isinstance(current, sqlite3.Error) and (hint := _sqlite_hint(current)) is not None:
+            return DatabaseConnectionFailedError(
+                f"the SQLite store cannot be used ({type(current).__name__}: {current}); {hint}"
+            )
         current = current.__cause__ or current.__context__
     return None
+
+
+_UNWRITABLE_HINT = "RAG_DATA_DIR must be a folder this process can write, on a disk with free space"
+_DAMAGED_HINT = (
+    "its file is damaged or not an iris-rag database: restore it from a backup, or move it aside "
+    "(iris-rag then starts an empty store); iris-rag never deletes it"
+)
+# SQLite's primary result codes (the low byte of an extended one) that say the file itself cannot be used.
+_UNWRITABLE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN}
+_DAMAGED = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+def _sqlite_hint(error: sqlite3.Error) -> str | None:
+    """What to do about a SQLite error that says the store's file cannot be used; None for any other."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is None:
+        return None
+    if code & 0xFF in _DAMAGED:
+        return _DAMAGED_HINT
+    return _UNWRITABLE_HINT if code & 0xFF in _UNWRITABLE else None
 
 
 def _first_line(error: BaseException, secrets: list[str]) -> str:

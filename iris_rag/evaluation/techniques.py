@@ -50,11 +50,18 @@ def resolve(
     valid = available(names)
     wanted = valid if requested.strip() == "all" else [n.strip() for n in requested.split(",") if n.strip()]
     overrides = overrides or {}
-    unknown = [n for n in [*wanted, *overrides] if n not in valid]
+    unknown = [n for n in wanted if n not in valid]
     if unknown or not wanted:
         listed = ", ".join(map(repr, unknown)) or "none given"
         msg = f"unknown technique {listed}; valid: {', '.join(valid)}, all"
         raise PipelineNotFoundError(msg, {"available": valid})
+    # Checked against what is evaluated, not what is registered: `iris-rag eval` serves only the former.
+    unevaluated = [n for n in overrides if n not in wanted]
+    if unevaluated:
+        listed, evaluated = ", ".join(map(repr, unevaluated)), list(dict.fromkeys(wanted))
+        msg = f"--params names {listed}, which --techniques does not ({', '.join(evaluated)})"
+        msg += "; add it to --techniques"
+        raise InvalidParametersError(msg, {"techniques": evaluated, "params": unevaluated})
     specs = []
     for name in dict.fromkeys(wanted):
         base, params = VARIANTS[name] if name in VARIANTS and name not in names else (name, {})

@@ -15,10 +15,12 @@ ingest batch (at most JOB_DOCUMENTS documents, as `iris-rag ingest` batches), in
    rows: the same rows an inline ingest of the same batch writes (tests/ingestion/test_background.py).
 
 Nothing is persisted but the indexes themselves: at start, and on rescan(), the builder asks each index
-which documents it lacks and queues them, so a worker killed mid-build loses nothing. A deleted collection
-cancels its jobs (the running one at its next encode slice). State per collection and index (ready,
-building n of m, failed with the error) is what rag_health_check reports; a technique called meanwhile
-answers from what is indexed and says so (Pipeline.index_note).
+which documents it lacks and queues them, so a worker killed mid-build loses nothing. The worker scans
+every collection at start; a CLI command only the collection it writes (none for one that only reads: a
+short process would start builds it abandons at exit), so what nothing builds reads as incomplete. A
+deleted collection cancels its jobs (the running one at its next encode slice). State per collection and
+index (ready, building n of m, failed with the error, incomplete) is what rag_health_check reports; a
+technique called meanwhile answers from what is indexed and says so (Pipeline.index_note).
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
+from iris_rag.backends import connection_failure
 from iris_rag.cancellation import CancelToken, cancellation_scope, check_cancelled
 from iris_rag.errors import RequestCancelledError
 from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore
@@ -47,6 +50,8 @@ QUIET_S = 0.5
 an ingest keeps the encoder to itself (batches ingested back to back, as the CLI does, are not slowed)."""
 JOB_DOCUMENTS = 256
 """Documents per job at most (as the CLI ingests): an inline ingest of such a batch writes the same rows."""
+RETRY_AFTER_S = 5.0
+"""A job that lost the database connection (a server restart) is tried once more after this long."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,7 @@ class Job:
 
     collection_id: str
     document_ids: tuple[str, ...]
+    retried: bool = False  # already put back once after the database connection was lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,7 @@ class IndexBuilder:
         self._token: CancelToken | None = None
         self._failures: dict[tuple[str, str], str] = {}  # (collection, technique) -> the error
         self._scanned = threading.Event()
+        self._scan: tuple[str, ...] | None = None  # the collections of the start-up scan (None: all)
         self._closed = False
         self._ingesting = 0
         self._last_ingest = 0.0
@@ -120,8 +127,12 @@ class IndexBuilder:
         return any(index is mine for mine in self.indexes.values())
 
     # Lifecycle
-    def start(self) -> None:
-        """Start the thread; its first work is a scan of every collection for documents an index lacks."""
+    def start(self, collections: Sequence[str] | None = None) -> None:
+        """Start the thread; its first work is a scan for the documents an index lacks.
+
+        `collections`: the collections scanned (None: every one, as the worker does).
+        """
+        self._scan = None if collections is None else tuple(collections)
         if self._thread is not None or not self.indexes:
             self._scanned.set()
             return
@@ -177,16 +188,21 @@ class IndexBuilder:
             self._condition.notify_all()
 
     def rescan(self, collection_id: str | None = None) -> int:
-        """Queue every document an index lacks (one collection, or all), clearing failures; how many."""
+        """Queue every document an index lacks that no job holds yet (one collection, or all); how many.
+
+        The collection's failures are cleared: their documents are tried again.
+        """
         collections = (
             [collection_id] if collection_id is not None else [c.id for c in self.store.list_collections()]
         )
         queued = 0
         for collection in collections:
-            missing = self.missing_documents(collection)
             with self._condition:
+                jobs = [*self._jobs, *([self._running] if self._running else [])]
+                held = {d for j in jobs if j.collection_id == collection for d in j.document_ids}
                 for key in [k for k in self._failures if k[0] == collection]:
                     del self._failures[key]
+            missing = [d for d in self.missing_documents(collection) if d not in held]
             self.submit(collection, missing)
             queued += len(missing)
         return queued
@@ -219,9 +235,9 @@ class IndexBuilder:
 
     # State out
     def pending(self, collection_id: str) -> bool:
-        """Whether work for the collection is queued or running (or the start-up scan has not finished)."""
+        """Whether work for the collection is queued or running, or a start-up scan of it is not done."""
         if not self._scanned.is_set():
-            return self._thread is not None
+            return self._thread is not None and (self._scan is None or collection_id in self._scan)
         with self._condition:
             running = self._running is not None and self._running.collection_id == collection_id
             return running or any(j.collection_id == collection_id for j in self._jobs)
@@ -243,7 +259,7 @@ class IndexBuilder:
                 state = "failed"
             elif indexed >= documents:
                 state = "ready"
-            else:  # incomplete: not queued; `iris-rag reindex`, or a restart, queues it
+            else:  # incomplete: not queued; `iris-rag reindex`, a worker's start or an eval of it queues it
                 state = "building" if pending else "incomplete"
             states[technique] = {"state": state, "indexed_documents": indexed, "documents": documents}
             if failure is not None:
@@ -284,7 +300,8 @@ class IndexBuilder:
     # The thread
     def _run(self) -> None:
         try:
-            self.rescan()
+            for collection in self._scan if self._scan is not None else [None]:
+                self.rescan(collection)
         except Exception:
             logger.exception("index builder: the start-up scan failed; new ingests are still built")
         finally:
@@ -316,13 +333,36 @@ class IndexBuilder:
                 )
             except RequestCancelledError:
                 logger.info("index builder: %s", token.reason)
-            except Exception:  # a store error: the job is lost; a rescan (or restart) finds its documents
-                logger.exception("index builder: job for %r failed", job.collection_id)
+            except Exception as exc:
+                self._failed(job, exc)
             finally:
                 with self._condition:
                     self._running, self._token = None, None
                     self.jobs_done += 1
                     self._condition.notify_all()
+
+    def _failed(self, job: Job, exc: Exception) -> None:
+        """A job that raised: put back once when the database went away (a restart), else recorded.
+
+        Recorded per index, so health says degraded with the reason and the technique's INDEX_NOT_BUILT
+        names it; a rescan (the next ingest's, or a restart's) builds the documents again.
+        """
+        if connection_failure(exc) is not None and not job.retried:
+            logger.warning(
+                "index builder: the database connection was lost; job for %r again in %.0f s",
+                job.collection_id,
+                RETRY_AFTER_S,
+            )
+            with self._condition:
+                self._condition.wait_for(lambda: self._closed, timeout=RETRY_AFTER_S)
+                if not self._closed:
+                    self._jobs.appendleft(replace(job, retried=True))
+            return
+        logger.exception("index builder: job for %r failed", job.collection_id, exc_info=exc)
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        with self._condition:
+            for technique in self.indexes:
+                self._failures[(job.collection_id, technique)] = error
 
     def build(self, job: Job) -> None:
         """Build every index's rows for the job's documents (on the calling thread)."""
@@ -343,6 +383,8 @@ class IndexBuilder:
             except RequestCancelledError:
                 raise
             except Exception as exc:
+                if connection_failure(exc) is not None:
+                    raise  # the whole job waits for the database (_failed), not only this index
                 error = f"{type(exc).__name__}: {exc}"[:500]
                 logger.exception("index builder: the %s index of %r failed", technique, job.collection_id)
                 with self._condition:

@@ -10,7 +10,14 @@ from typing import Any, Protocol
 
 import orjson
 
-from iris_rag.stores.base import CallRecord, CollectionInfo, DocumentSummary, StoredChunk, StoredDocument
+from iris_rag.stores.base import (
+    CallRecord,
+    CollectionInfo,
+    DocumentInput,
+    DocumentSummary,
+    StoredChunk,
+    StoredDocument,
+)
 
 
 class Row(Protocol):
@@ -66,6 +73,22 @@ def stored_document(row: Row) -> StoredDocument:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
+
+
+def written_dates(previous: StoredDocument | None, document: DocumentInput, now: str) -> tuple[str, str]:
+    """created_at and updated_at of a document written now, replacing `previous` (None: a new one).
+
+    Every backend's rule: updated_at moves only when the title, content or metadata change, so a reindex
+    (or an ingest of the same text again) does not read as an edit.
+    """
+    if previous is None:
+        return now, now
+    unchanged = (previous.title, previous.content, previous.metadata) == (
+        document.title,
+        document.content,
+        document.metadata,
+    )
+    return previous.created_at, previous.updated_at if unchanged else now
 
 
 def document_summary(row: Row) -> DocumentSummary:

@@ -15,7 +15,7 @@ export const ERROR_HINTS = {
   GENERATION_FAILED: "The answer could not be generated; the retrieved documents may still be in structuredContent. Retry or set options.generate=false.",
   LLM_SERVICE_UNAVAILABLE: "The LLM server (LLM_BASE_URL) could not be reached; the retrieved documents may still be in structuredContent. Retry later, or set options.generate=false.",
   EMBEDDING_SERVICE_UNAVAILABLE: "No embeddings can be made: the local model failed to load, or the embedding API (EMBEDDING_BASE_URL) cannot be reached; check rag_health_check and the server logs.",
-  DATABASE_CONNECTION_FAILED: "The store cannot be opened: the PostgreSQL server (RAG_POSTGRES_URL) is not reachable or the URL is malformed, or the SQLite folder (RAG_DATA_DIR) cannot be written; fix what the message names, then retry.",
+  DATABASE_CONNECTION_FAILED: "The store cannot be opened or written: the PostgreSQL server (RAG_POSTGRES_URL) is not reachable or the URL is malformed, the SQLite folder (RAG_DATA_DIR) cannot be written (a full disk, say) or its file is damaged, or a newer iris-rag wrote the store; fix what the message names, then retry.",
   INDEX_NOT_BUILT: "The collection predates this technique's index; run `iris-rag reindex --collection NAME` once, then retry.",
   SQL_REJECTED: "The SQL statement was refused (details.reason says why); send one read-only SELECT over the tables rag_table_schema lists.",
   RESULT_TOO_LARGE: "The answer was too large to send (details.max_bytes): ask for less (fewer rows, documents or results, shorter text) and call again.",

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from iris_rag.backends.sqlite.store import SqliteStore
@@ -14,6 +15,7 @@ from iris_rag.embedder import Embedder
 from iris_rag.errors import InvalidParametersError, PipelineNotFoundError
 from iris_rag.evaluation.collection import collection_name
 from iris_rag.evaluation.harness import document_ranking, rank
+from iris_rag.ingestion.background import IndexBuilder
 from iris_rag.pipeline import NoParams, Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -147,6 +149,44 @@ def test_eval_basic_end_to_end_then_reuses_the_collection(
     assert json.loads(out.read_text(encoding="utf-8"))["documents_ingested"] == 1
 
 
+def test_a_corpus_document_edited_since_is_ingested_again(
+    service: RagService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Scores must come from the corpus as it is now, not as it was at the first run."""
+    corpus = [
+        {"_id": "c1", "title": "Kudu", "text": "The greater kudu is a woodland antelope with spiral horns."},
+        {
+            "_id": "c2",
+            "title": "Aspirin",
+            "text": "Daily aspirin reduces the risk of heart attacks in adults.",
+        },
+        {"_id": "c3", "title": "Bread", "text": "Sourdough bread rises because of wild yeast."},
+    ]
+    queries = {"q1": "Which antelope has spiral horns?"}
+    dataset = write_beir(tmp_path / "ds", corpus, queries, [("q1", "c1", 1)])
+    out = tmp_path / "report.json"
+    assert cmd_eval(eval_args(dataset, "--out", str(out)), service) == 0
+    capsys.readouterr()
+
+    # The antelope text moves to c2; c1 is now about sharks; c3 keeps its text.
+    corpus[0] = {"_id": "c1", "title": "Sharks", "text": "Great white sharks hunt seals near the coast."}
+    corpus[1] = {
+        "_id": "c2",
+        "title": "Kudu",
+        "text": "The greater kudu is a woodland antelope with spiral horns.",
+    }
+    write_beir(dataset, corpus, queries, [("q1", "c2", 1)])
+    assert cmd_eval(eval_args(dataset, "--out", str(out)), service) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["documents_ingested"] == 2
+    assert report["techniques"]["basic"]["ndcg@10"] == 1.0
+    assert "eval: 2 corpus documents changed since eval-ds was ingested; ingesting them again" in (
+        capsys.readouterr().err
+    )
+    stored = service.store.get_document("eval-ds", "c1")
+    assert stored is not None and (stored.title, stored.content) == (corpus[0]["title"], corpus[0]["text"])
+
+
 def test_a_collection_with_foreign_documents_is_refused(service: RagService, obvious: Path) -> None:
     service.ingest({"collection_id": "eval-obvious", "documents": [{"id": "stray", "content": "Not in it."}]})
     with pytest.raises(InvalidParametersError, match="1 documents that are not in the corpus"):
@@ -158,6 +198,10 @@ def test_unknown_technique_fails_before_any_work(service: RagService, obvious: P
         cmd_eval(eval_args(obvious, "--techniques", "basic,no_such_technique"), service)
     with pytest.raises(InvalidParametersError, match="invalid parameters for basic"):
         cmd_eval(eval_args(obvious, "--params", 'basic={"alpha": 1}'), service)
+    with pytest.raises(
+        InvalidParametersError, match="--params names 'hybrid_ifind', which --techniques does not"
+    ):
+        cmd_eval(eval_args(obvious, "--techniques", "basic", "--params", 'hybrid_ifind={"nope": 1}'), service)
     assert service.store.get_collection("eval-obvious") is None
 
 
@@ -209,3 +253,51 @@ def test_eval_builds_only_the_indexes_of_the_techniques_it_scores(
     )
     assert indexed() == [3, 0, 0]
     assert json.loads((tmp_path / "r").read_text(encoding="utf-8"))["documents_ingested"] == 0
+
+
+def test_after_eval_other_commands_start_no_build_and_report_the_indexes_incomplete(
+    obvious: Path,
+    tmp_path: Path,
+    embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A short CLI process must not start builds it abandons at exit (torch loaded for nothing, noise).
+
+    `eval --techniques basic` leaves the other indexes unbuilt; nothing builds them until a reindex (or
+    the MCP worker, or an eval that scores them), and health says so: incomplete, not building for good.
+    """
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("RAG_TECHNIQUES", raising=False)
+    monkeypatch.setenv("INDEX_BUILD", "background")
+    monkeypatch.setattr("iris_rag.service.create_encoder", lambda _settings: embedder)
+    scanned: list[str] = []
+    missing_documents = IndexBuilder.missing_documents
+
+    def spy(builder: IndexBuilder, collection_id: str) -> list[str]:
+        scanned.append(collection_id)
+        return missing_documents(builder, collection_id)
+
+    monkeypatch.setattr(IndexBuilder, "missing_documents", spy)
+    assert main(["eval", "--dataset", str(obvious), "--techniques", "basic"]) == 0
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text('{"_id": "n1", "text": "Kudus are antelopes with spiral horns."}\n', encoding="utf-8")
+    scanned.clear()
+    # A command that writes builds (and waits for) the indexes of its own collection only.
+    assert main(["ingest", str(notes), "--collection", "notes"]) == 0
+    assert set(scanned) <= {"notes"}
+    scanned.clear()
+    assert main(["query", "lava", "--collection", "eval-obvious", "--no-generate"]) == 0
+    assert main(["documents", "--collection", "eval-obvious"]) == 0
+    capsys.readouterr()
+    assert main(["health"]) == 0
+    assert scanned == []
+    collections = orjson.loads(capsys.readouterr().out)["components"]["vector_store"]["details"][
+        "index_build"
+    ]["collections"]
+    assert {t: s["state"] for t, s in collections["eval-obvious"].items()} == {
+        "colbert": "incomplete",
+        "graphrag": "incomplete",
+        "noderag": "incomplete",
+    }
+    assert {s["state"] for s in collections["notes"].values()} == {"ready"}

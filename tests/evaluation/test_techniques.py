@@ -45,8 +45,19 @@ def test_command_line_params_update_a_technique() -> None:
     assert [s.name for s in specs] == ["hybrid_ifind", "keyword"]
     assert specs[0].params == {"vector_weight": 0.6}
     assert specs[1].params == {**VARIANTS["keyword"][1], "keyword_weight": 0.5}
-    with pytest.raises(PipelineNotFoundError, match="'other'"):
+    with pytest.raises(InvalidParametersError, match="'other'"):
         resolve("basic", ["basic"], {"other": {}})
+
+
+def test_params_for_a_technique_not_evaluated_say_so() -> None:
+    """`eval` serves only the techniques it scores, so hybrid_ifind is not registered here: not 'unknown'."""
+    with pytest.raises(InvalidParametersError) as caught:
+        resolve("basic", ["basic"], {"hybrid_ifind": {"vector_weight": 0.6}})
+    assert caught.value.message == (
+        "--params names 'hybrid_ifind', which --techniques does not (basic); add it to --techniques"
+    )
+    with pytest.raises(InvalidParametersError, match="--params names 'nope', which --techniques does not"):
+        resolve("all", ["basic", "hybrid_ifind"], {"nope": {}})
 
 
 @pytest.mark.parametrize("item", ["basic", "basic={not json", "basic=[1]", '={"a": 1}'])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from iris_rag.embedder import Embedder
-from iris_rag.errors import IndexNotBuiltError
+from iris_rag.errors import DatabaseConnectionFailedError, IndexNotBuiltError
 from iris_rag.ingestion.background import IndexBuilder, Job
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
@@ -334,3 +334,51 @@ def test_a_failed_index_is_reported_then_rebuilt_on_rescan(background: RagServic
     assert background.health_check({})["components"]["vector_store"]["status"] == "healthy"
     vectors = background.store.technique_storage(NodeTreeStorage).leaves("c").matrix
     assert np.isfinite(vectors).all()
+
+
+def test_a_job_that_lost_the_database_is_built_once_it_is_back(
+    background: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose connection died (a PostgreSQL restart) was dropped without a word: INDEX_NOT_BUILT."""
+    monkeypatch.setattr("iris_rag.ingestion.background.RETRY_AFTER_S", 0.05)
+    index = _builder(background).indexes["graphrag"]
+    prepare = index.prepare
+    calls = []
+
+    def lost_once(collection_id: str, inputs: Any) -> Any:
+        calls.append(collection_id)
+        if len(calls) == 1:
+            msg = "the PostgreSQL server cannot be reached: AdminShutdown"
+            raise DatabaseConnectionFailedError(msg)
+        return prepare(collection_id, inputs)
+
+    index.prepare = lost_once  # type: ignore[method-assign,assignment]
+    background.ingestor.ingest("c", _sample(3))
+    background.wait_for_indexes("c", quiet=True)
+    assert len(calls) == 2
+    states = background.index_build_state()["collections"]["c"]
+    assert {technique: state["state"] for technique, state in states.items()} == {
+        "colbert": "ready",
+        "graphrag": "ready",
+        "noderag": "ready",
+    }
+
+
+def test_a_job_that_fails_twice_is_reported_for_every_index_it_left(
+    background: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job the builder gives up on says so in health, instead of reading 'incomplete' for good."""
+    monkeypatch.setattr("iris_rag.ingestion.background.RETRY_AFTER_S", 0.05)
+    builder = _builder(background)
+
+    def lost(collection_id: str, document_id: str) -> Any:
+        msg = "the PostgreSQL server cannot be reached: AdminShutdown"
+        raise DatabaseConnectionFailedError(msg)
+
+    monkeypatch.setattr(builder, "_load", lost)
+    background.ingestor.ingest("c", _sample(2))
+    background.wait_for_indexes("c", quiet=True)
+    states = background.index_build_state()["collections"]["c"]
+    assert {state["state"] for state in states.values()} == {"failed"}
+    assert "AdminShutdown" in states["graphrag"]["error"]
+    assert background.health_check({})["components"]["vector_store"]["status"] == "degraded"

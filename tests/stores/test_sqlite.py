@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iris_rag.backends.sqlite.store import SqliteStore, fts_table
+from iris_rag.backends.sqlite.store import SCHEMA_VERSION, SqliteStore, fts_table
+from iris_rag.errors import DatabaseConnectionFailedError
 from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput
 
 DIM = 8
@@ -112,3 +113,16 @@ def test_a_version_5_database_gains_collection_descriptions_and_keeps_its_rows(t
     described = reopened.set_description("c", "Numbers.")
     assert described is not None and described.description == "Numbers."
     assert reopened.set_description("missing", "x") is None
+
+
+def test_a_store_written_by_a_newer_release_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "newer.sqlite3"
+    newer = SqliteStore(path)
+    newer.create_collection("c", "model-a", DIM)
+    newer._connection().execute(f"PRAGMA user_version = {SCHEMA_VERSION + 33}")
+    newer.close()
+    before = path.read_bytes()
+    expected = rf"schema version {SCHEMA_VERSION + 33}.* up to {SCHEMA_VERSION}.*upgrade iris-rag"
+    with pytest.raises(DatabaseConnectionFailedError, match=expected):
+        SqliteStore(path)
+    assert path.read_bytes() == before  # its version, and everything else, as the newer release left it

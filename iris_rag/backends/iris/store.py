@@ -53,6 +53,7 @@ from iris_rag.stores.base import (
     StoredDocument,
 )
 from iris_rag.stores.filters import MetadataFilter
+from iris_rag.stores.rows import written_dates
 from iris_rag.stores.technique_index import CollectionState, TechniqueIndex
 from iris_rag.stores.versioned import VersionedCache, logged_documents
 from iris_rag.text import chunk_id
@@ -152,6 +153,7 @@ class _Vectors:
 class _ThreadState(threading.local):
     connection: Any = None
     depth: int = 0
+    lost: bool = False  # the connection stopped answering: replaced at the next call outside a transaction
 
 
 class IrisStore:
@@ -173,7 +175,13 @@ class IrisStore:
     # Connections and transactions: one connection per thread, so a technique's storage joins the
     # thread's open transaction.
     def connection(self) -> Any:
-        """The calling thread's connection (inside this backend only)."""
+        """The calling thread's connection (inside this backend only).
+
+        One that stopped answering (the server restarted) is replaced here, outside a transaction: inside
+        one it is kept, and the transaction fails with it.
+        """
+        if self._local.lost and not self._local.depth:
+            self._forget(self._local.connection)
         if self._local.connection is None:
             self._local.connection = connect(self._target)
             with self._lock:
@@ -194,30 +202,70 @@ class IrisStore:
         self._local.depth = 1
         try:
             yield connection
-            connection.commit()
+            with self._lost_says(connection):
+                connection.commit()
         except BaseException:
-            connection.rollback()
+            if not self._local.lost:  # a lost connection's server rolled it back already
+                connection.rollback()
             raise
         finally:
             self._local.depth = 0
 
     def execute(self, statement: str, parameters: Sequence[Any] = ()) -> Any:
         """Run one statement on the thread's connection; the cursor (for rows and rowcount)."""
-        cursor = self.connection().cursor()
-        cursor.execute(statement, list(parameters))
+        connection = self.connection()
+        cursor = connection.cursor()
+        with self._lost_says(connection):
+            cursor.execute(statement, list(parameters))
         return cursor
 
     def rows(self, statement: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Every row of a query, as tuples; outside a transaction the read ends its own."""
         rows = [tuple(row) for row in self.execute(statement, parameters).fetchall()]
         if not self._local.depth:
-            self.connection().commit()
+            connection = self.connection()
+            with self._lost_says(connection):
+                connection.commit()
         return rows
 
     def executemany(self, statement: str, parameters: Sequence[Sequence[Any]]) -> None:
         """One statement over many parameter rows."""
         if parameters:
-            self.connection().cursor().executemany(statement, [list(p) for p in parameters])
+            connection = self.connection()
+            with self._lost_says(connection):
+                connection.cursor().executemany(statement, [list(p) for p in parameters])
+
+    @contextmanager
+    def _lost_says(self, connection: Any) -> Iterator[None]:
+        """A failure of a connection that no longer answers a probe is IrisConnectionError (its cause kept).
+
+        The driver's own errors do not tell a lost server from a bad statement; the probe does, and costs
+        a round trip only after a failure. The thread's next call outside a transaction connects anew.
+        """
+        try:
+            yield
+        except Exception as exc:
+            if not self._local.lost:
+                try:
+                    connection.cursor().execute("SELECT 1", [])
+                except Exception:
+                    self._local.lost = True
+            if self._local.lost:
+                said = f"{type(exc).__name__}: {exc}"
+                msg = f"the connection to IRIS at {self._target.describe()} was lost ({said})"
+                raise IrisConnectionError(redact(msg, [self._target.password])) from exc
+            raise
+
+    def _forget(self, connection: Any) -> None:
+        """Drop the thread's lost connection, closed as far as it still can be."""
+        self._local.connection, self._local.lost = None, False
+        with self._lock:
+            if connection in self._all:
+                self._all.remove(connection)
+        try:
+            connection.close()
+        except Exception:  # gone with the server: nothing left to release
+            logger.debug("lost IRIS connection already closed")
 
     def _table_exists(self, qualified: str) -> bool:
         schema, name = qualified.split(".")
@@ -404,9 +452,8 @@ class IrisStore:
                 raise ValueError(msg)
             dimension, next_row = locked
             for document in documents:
-                created = self.rows(
-                    f"SELECT created_at FROM {SCHEMA}.Documents WHERE collection_id = ? AND doc_id = ?",
-                    (collection_id, document.id),
+                created_at, updated_at = written_dates(
+                    self.get_document(collection_id, document.id), document, now
                 )
                 self._delete_document_rows(collection_id, document.id, dimension)
                 self.execute(
@@ -423,8 +470,8 @@ class IrisStore:
                         len(document.content),
                         len(document.chunks),
                         orjson.dumps(document.metadata).decode(),
-                        created[0][0] if created else now,
-                        now,
+                        created_at,
+                        updated_at,
                     ),
                 )
                 next_row = self._insert_chunks(collection_id, document, dimension, next_row + 1)

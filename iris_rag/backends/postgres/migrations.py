@@ -9,6 +9,7 @@ from psycopg import Connection
 from psycopg.rows import tuple_row
 
 from iris_rag.backends.postgres.keyword_blocks import BLOCK_POSTINGS, CREATE_TABLE_SQL, PACK_SQL
+from iris_rag.errors import DatabaseConnectionFailedError
 
 logger = logging.getLogger(__name__)
 
@@ -426,7 +427,8 @@ def migrate(connection: Connection[Any]) -> list[int]:
     """Apply the steps this database lacks, all in one transaction; the numbers applied.
 
     The advisory lock makes two processes starting together take turns: the second then finds the
-    steps recorded and applies nothing.
+    steps recorded and applies nothing. A database a newer release migrated further is refused, unchanged
+    (DATABASE_CONNECTION_FAILED).
     """
     with connection.transaction():
         connection.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_LOCK,))
@@ -437,6 +439,13 @@ def migrate(connection: Connection[Any]) -> list[int]:
         )
         with connection.cursor(row_factory=tuple_row) as cursor:
             done = {row[0] for row in cursor.execute("SELECT version FROM schema_migrations")}
+        known = MIGRATIONS[-1][0]
+        if done and max(done) > known:
+            msg = (
+                f"the PostgreSQL store has schema version {max(done)}, written by a newer iris-rag (this "
+                f"release reads up to {known}): upgrade iris-rag; the store was left as it is"
+            )
+            raise DatabaseConnectionFailedError(msg)
         applied: list[int] = []
         for version, description, statements in MIGRATIONS:
             if version in done:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -16,7 +17,7 @@ import numpy.typing as npt
 import orjson
 from pgvector import Vector
 from pgvector.psycopg import register_vector
-from psycopg import Connection, sql
+from psycopg import Connection, OperationalError, sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
@@ -45,7 +46,7 @@ from iris_rag.backends.postgres.keyword_blocks import (
 )
 from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
-from iris_rag.redaction import redact
+from iris_rag.redaction import redact, url_userinfo, with_pieces
 from iris_rag.stores.base import (
     CallRecord,
     ChunkInput,
@@ -59,7 +60,14 @@ from iris_rag.stores.base import (
     StoredDocument,
 )
 from iris_rag.stores.filters import MetadataFilter
-from iris_rag.stores.rows import call_record, collection_info, document_summary, stored_chunk, stored_document
+from iris_rag.stores.rows import (
+    call_record,
+    collection_info,
+    document_summary,
+    stored_chunk,
+    stored_document,
+    written_dates,
+)
 from iris_rag.stores.technique_index import CollectionState, TechniqueIndex
 from iris_rag.stores.versioned import logged_documents
 from iris_rag.text import chunk_id
@@ -99,11 +107,37 @@ PRUNE_MIN_POSTINGS = 20_000
 # What reading one block by its key costs, in blocks read as part of a term's run. MaxScore reads only the
 # frequent terms' blocks that hold its remaining chunks where that costs less than reading those terms whole.
 BLOCK_LOOKUP_COST = 2
+# How long a call waits for a connection from the pool, and how long the pool's background attempts to reach
+# the server go on before a new call starts them again. A server that is up gives one in milliseconds;
+# one that is down (a restart) gives each call DATABASE_CONNECTION_FAILED after this wait, and calls
+# reconnect within about this long after it is back (psycopg_pool's 30 s and 5 min delayed both).
+POOL_WAIT_S = 5.0
 
 
 def ef_search(top_k: int, chunks: int) -> int:
     """hnsw.ef_search for a search of top_k over a collection of this many chunks."""
     return max(MIN_EF_SEARCH, min(MAX_EF_SEARCH, max(2 * top_k, chunks // CHUNKS_PER_CANDIDATE)))
+
+
+def _check_idle(connection: Connection[Row]) -> None:
+    """Raise unless an idle connection still works: the pool's check, and each thread's before a call.
+
+    A server says something unasked only as it ends a connection (a restart, pg_terminate_backend,
+    idle_session_timeout), so only a socket with input to read costs a round trip.
+    """
+    if connection.closed:
+        msg = "the connection is closed"
+        raise OperationalError(msg)
+    if _has_input(connection.pgconn.socket):
+        connection.execute("")
+
+
+def _has_input(socket: int) -> bool:
+    if not hasattr(select, "poll"):  # Windows, whose select() takes any socket
+        return bool(select.select([socket], [], [], 0)[0])
+    poller = select.poll()  # not select(): no limit on the descriptor's number
+    poller.register(socket, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _now() -> str:
@@ -128,6 +162,9 @@ class PostgresStore:
             max_size=max_connections,
             open=True,
             configure=self._configure,
+            check=_check_idle,
+            timeout=POOL_WAIT_S,
+            reconnect_timeout=POOL_WAIT_S,
             kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
             connection_class=Connection[Row],
         )
@@ -136,10 +173,14 @@ class PostgresStore:
         self._pinned_lock = threading.Lock()
         self._technique_indexes: list[TechniqueIndex] = []
         self._technique_storages: TechniqueStorages[PostgresStore] = TechniqueStorages("postgres")
-        with self._pool.connection() as connection:
-            migrate(connection)
-            # The vector type exists only now (first migration): register its adapters afterwards.
-            register_vector(connection)
+        try:
+            with self._pool.connection() as connection:
+                migrate(connection)
+                # The vector type exists only now (first migration): register its adapters afterwards.
+                register_vector(connection)
+        except BaseException:
+            self._pool.close()  # a store that failed to start keeps no connection open
+            raise
 
     @staticmethod
     def _configure(connection: Connection[Row]) -> None:
@@ -154,17 +195,33 @@ class PostgresStore:
     # Connections: each thread keeps one from the pool, so a technique's storage reaches the very
     # connection of the thread's open transaction.
     def connection(self) -> Connection[Row]:
-        """The calling thread's connection (inside this backend only: its technique storage uses it)."""
+        """The calling thread's connection (inside this backend only: its technique storage uses it).
+
+        One the server ended while it was idle (a restart) is given back and replaced here, so the call
+        goes on; inside a transaction it is kept, and the transaction fails with it.
+        """
         connection: Connection[Row] | None = getattr(self._local, "connection", None)
-        if connection is not None and connection.broken:
-            # The server went away (restart, network): give the dead one back and take a fresh one.
-            with self._pinned_lock:
-                self._pinned.remove(connection)
-            self._pool.putconn(connection)
-            connection = None
-        if connection is None or connection.closed:
+        if (
+            connection is not None
+            and not getattr(self._local, "depth", 0)
+            and connection.info.transaction_status in (TransactionStatus.IDLE, TransactionStatus.UNKNOWN)
+        ):
+            try:
+                _check_idle(connection)
+            except OperationalError:
+                self._local.connection = None
+                with self._pinned_lock:
+                    self._pinned.remove(connection)
+                self._pool.putconn(connection)  # the pool closes it and opens another in its place
+                connection = None
+        if connection is None:
+            # A server still down raises here (PoolTimeout), the thread left with no connection to retry.
             connection = self._pool.getconn()
-            register_vector(connection)
+            try:
+                register_vector(connection)
+            except BaseException:
+                self._pool.putconn(connection)
+                raise
             self._local.connection = connection
             with self._pinned_lock:
                 self._pinned.append(connection)
@@ -363,10 +420,13 @@ class PostgresStore:
             )
             # A batch naming a document twice takes the row path (each replaces the one before).
             for document in documents if not bulk or len(set(ids)) < len(ids) else []:
-                created = connection.execute(
-                    "SELECT created_at FROM documents WHERE collection_id = %s AND id = %s",
+                previous = connection.execute(
+                    "SELECT * FROM documents WHERE collection_id = %s AND id = %s",
                     (collection_id, document.id),
                 ).fetchone()
+                created_at, updated_at = written_dates(
+                    None if previous is None else stored_document(previous), document, now
+                )
                 self._delete_document_rows(connection, collection_id, document.id)
                 connection.execute(
                     "INSERT INTO documents (collection_id, id, title, content, metadata, created_at, "
@@ -377,8 +437,8 @@ class PostgresStore:
                         document.title,
                         document.content,
                         Jsonb(document.metadata),
-                        created["created_at"] if created else now,
-                        now,
+                        created_at,
+                        updated_at,
                     ),
                 )
                 self._insert_chunks(connection, collection_id, document)
@@ -438,14 +498,14 @@ class PostgresStore:
         The rows the row path writes, in the same order: chunk rows come from the sequence in document
         and chunk order.
         """
-        created = {
-            row["id"]: row["created_at"]
+        previous = {
+            row["id"]: stored_document(row)
             for row in connection.execute(
-                "SELECT id, created_at FROM documents WHERE collection_id = %s AND id = ANY(%s)",
+                "SELECT * FROM documents WHERE collection_id = %s AND id = ANY(%s)",
                 (collection_id, [document.id for document in documents]),
             ).fetchall()
         }
-        for document_id in created:
+        for document_id in previous:
             self._delete_document_rows(connection, collection_id, document_id)
         count = sum(len(document.chunks) for document in documents)
         with connection.cursor(row_factory=tuple_row) as cursor:
@@ -472,8 +532,7 @@ class PostgresStore:
                             document.title,
                             document.content,
                             Jsonb(document.metadata),
-                            created.get(document.id, now),
-                            now,
+                            *written_dates(previous.get(document.id), document, now),
                         )
                     )
             postings: list[Posting] = []
@@ -1218,7 +1277,7 @@ class PostgresStore:
         pool = self._pool.get_stats()
         return {
             "backend": self.backend_name,
-            "url": redact(self._url),
+            "url": redact(self._url, with_pieces(url_userinfo(self._url)[1])),
             "collections": counts["collections"],
             "documents": counts["documents"],
             "chunks": counts["chunks"],

@@ -26,6 +26,7 @@ from iris_rag.backends.sqlite.filters import json_path, register_functions, to_s
 from iris_rag.backends.sqlite.postings import KeywordPostings, PostingRow, encode
 from iris_rag.backends.sqlite.vectors import Batch, VectorMatrix
 from iris_rag.cancellation import check_cancelled
+from iris_rag.errors import DatabaseConnectionFailedError
 from iris_rag.stores.base import (
     BM25_IDF_FLOOR,
     BM25_K1,
@@ -42,7 +43,14 @@ from iris_rag.stores.base import (
     StoredDocument,
 )
 from iris_rag.stores.filters import MetadataFilter
-from iris_rag.stores.rows import call_record, collection_info, document_summary, stored_chunk, stored_document
+from iris_rag.stores.rows import (
+    call_record,
+    collection_info,
+    document_summary,
+    stored_chunk,
+    stored_document,
+    written_dates,
+)
 from iris_rag.stores.technique_index import CollectionState, TechniqueIndex
 from iris_rag.stores.versioned import VersionedCache, logged_documents, update_limit
 from iris_rag.text import chunk_id
@@ -349,6 +357,15 @@ def match_expression(query: KeywordQuery) -> str:
     return " OR ".join(p for p in phrases if p != '""')
 
 
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """The file's device and inode, or None when there is no file at the path."""
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
@@ -384,8 +401,10 @@ class SqliteStore:
         self._technique_indexes: list[TechniqueIndex] = []
         self._technique_storages: TechniqueStorages[SqliteStore] = TechniqueStorages("sqlite")
         self._keyword_ready: set[str] = set()  # collections whose keyword tables are known to exist
+        self._opened_file: tuple[int, int] | None = None  # set once open: _check_file
         with self._write_lock:
             connection = self._connection()
+            self._refuse_newer_schema(connection)
             # One transaction: no other process's write may land between an old trigger's drop and the
             # new one's creation (it would move no version).
             old_triggers = "".join(f"DROP TRIGGER IF EXISTS {name};" for name in _OLD_TRIGGERS)
@@ -393,6 +412,18 @@ class SqliteStore:
             connection.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}{triggers}COMMIT;")
             self._migrate(connection)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._opened_file = _file_identity(path)
+
+    def _refuse_newer_schema(self, connection: sqlite3.Connection) -> None:
+        """DATABASE_CONNECTION_FAILED, before anything is written, for a file a newer release wrote."""
+        found = int(connection.execute("PRAGMA user_version").fetchone()[0])
+        if found > SCHEMA_VERSION:
+            self.close()
+            msg = (
+                f"the SQLite store {self.path} has schema version {found}, written by a newer iris-rag "
+                f"(this release reads up to {SCHEMA_VERSION}): upgrade iris-rag; the store was left as it is"
+            )
+            raise DatabaseConnectionFailedError(msg)
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
         """Give every collection its keyword tables under the current names, one transaction each.
@@ -456,6 +487,8 @@ class SqliteStore:
     def _connection(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
         if connection is None:
+            if self._opened_file is not None:
+                self._check_file()  # else a new thread would make, and use, an empty file at the path
             connection = sqlite3.connect(
                 self.path, timeout=30.0, isolation_level=None, check_same_thread=False
             )
@@ -515,7 +548,10 @@ class SqliteStore:
                 yield connection
                 connection.execute("COMMIT")
             except BaseException:
-                connection.execute("ROLLBACK")
+                # SQLite rolls a transaction back itself after some errors (a full disk): a ROLLBACK then
+                # fails, and its "no transaction is active" would hide the error that matters.
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
                 raise
 
     @contextmanager
@@ -525,8 +561,18 @@ class SqliteStore:
             yield
 
     def ping(self) -> None:
-        """Run a trivial query."""
+        """Run a trivial query; DATABASE_CONNECTION_FAILED if the file opened is no longer at its path."""
         self._connection().execute("SELECT 1").fetchone()
+        self._check_file()
+
+    def _check_file(self) -> None:
+        """DATABASE_CONNECTION_FAILED if the file opened is no longer at its path (removed, or replaced)."""
+        if _file_identity(self.path) != self._opened_file:
+            msg = (
+                f"the SQLite file {self.path} was removed or replaced after this process opened it (what it "
+                "wrote since is not in the file there now): restart the server to open that file"
+            )
+            raise DatabaseConnectionFailedError(msg)
 
     def close(self) -> None:
         """Close every thread's connection."""
@@ -612,10 +658,13 @@ class SqliteStore:
                     self._insert_collection(connection, collection_id, model, dimension)
                 self._ensure_keyword_tables(connection, collection_id)
                 for document in documents:
-                    created = connection.execute(
-                        "SELECT created_at FROM documents WHERE collection_id = ? AND id = ?",
+                    previous = connection.execute(
+                        "SELECT * FROM documents WHERE collection_id = ? AND id = ?",
                         (collection_id, document.id),
                     ).fetchone()
+                    created_at, updated_at = written_dates(
+                        None if previous is None else stored_document(previous), document, now
+                    )
                     self._delete_document_rows(connection, collection_id, document.id)
                     connection.execute(
                         "INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -625,8 +674,8 @@ class SqliteStore:
                             document.title,
                             document.content,
                             orjson.dumps(document.metadata).decode(),
-                            created["created_at"] if created else now,
-                            now,
+                            created_at,
+                            updated_at,
                         ),
                     )
                     for chunk in document.chunks:

@@ -110,6 +110,34 @@ def test_replace_keeps_one_copy_and_takes_old_chunks_keyword_and_index_rows(stor
     assert store.chunk_count("c") == 2
 
 
+@pytest.mark.parametrize("chunks", [1, 500], ids=["row", "bulk"])  # 500: PostgreSQL's COPY path too
+def test_updated_at_moves_only_when_title_content_or_metadata_change(
+    store: DocumentStore, chunks: int
+) -> None:
+    """A reindex rewrites every document as it is: its dates must not say it was edited."""
+    new_collection(store)
+    words = [f"word{i}" for i in range(chunks)]
+    store.upsert_documents("c", [document("a", words, "title", {"year": 2020, "tags": ["x"]})])
+    first = store.get_document("c", "a")
+    assert first is not None
+    time.sleep(0.01)  # the stores' timestamps have millisecond resolution
+    store.upsert_documents("c", [document("a", words, "title", {"tags": ["x"], "year": 2020})])
+    same = store.get_document("c", "a")
+    assert same is not None and (same.created_at, same.updated_at) == (first.created_at, first.updated_at)
+    for edited in (
+        document("a", words, "new title", {"year": 2020, "tags": ["x"]}),
+        document("a", [*words[:-1], "changed"], "new title", {"year": 2020, "tags": ["x"]}),
+        document("a", [*words[:-1], "changed"], "new title", {"year": 2021, "tags": ["x"]}),
+    ):
+        before = store.get_document("c", "a")
+        assert before is not None
+        time.sleep(0.01)
+        store.upsert_documents("c", [edited])
+        after = store.get_document("c", "a")
+        assert after is not None and after.created_at == first.created_at
+        assert after.updated_at > before.updated_at
+
+
 def test_delete_takes_chunks_keyword_vector_and_index_rows(store: DocumentStore) -> None:
     new_collection(store)
     index = WordCountIndex()

@@ -13,11 +13,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from iris_rag.backends import create_store
 from iris_rag.backends.common.bm25 import tokens
 from iris_rag.backends.postgres.migrations import CHANGE_LOG_VERSIONS, MIGRATIONS, migrate
 from iris_rag.backends.postgres.store import PostgresStore, ef_search
 from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.embedder import Embedder
+from iris_rag.errors import DatabaseConnectionFailedError
+from iris_rag.settings import Settings
 from iris_rag.stores.base import CallRecord, ChunkInput, DocumentInput, KeywordQuery, NewCollection
 from iris_rag.stores.filters import parse_filters
 from iris_rag.techniques.sqlrag.storage import StructuredTableStorage
@@ -214,6 +217,25 @@ def test_concurrent_first_starts_do_not_race(postgres_url: str) -> None:
     with psycopg.connect(postgres_url) as connection:
         count = connection.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()
     assert count == (len(MIGRATIONS),)
+
+
+def test_a_database_written_by_a_newer_release_is_refused_and_left_alone(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    PostgresStore(postgres_url).close()
+    newest = MIGRATIONS[-1][0]
+    with psycopg.connect(postgres_url, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO schema_migrations (version, description) VALUES (%s, 'from a newer release')",
+            (newest + 84,),
+        )
+    settings = Settings(RAG_DATA_DIR=tmp_path, RAG_STORE="postgres", RAG_POSTGRES_URL=postgres_url)
+    expected = rf"schema version {newest + 84}.* up to {newest}.*upgrade iris-rag"
+    with pytest.raises(DatabaseConnectionFailedError, match=expected):
+        create_store(settings)
+    with psycopg.connect(postgres_url) as connection:
+        versions = [row[0] for row in connection.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+    assert versions == [number for number, _, _ in MIGRATIONS] + [newest + 84]
 
 
 def test_upsert_replace_delete(store: PostgresStore) -> None:

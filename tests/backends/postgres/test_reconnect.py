@@ -1,0 +1,134 @@
+"""The PostgreSQL store after its server closed its connections (a restart, pg_terminate_backend).
+
+pg_terminate_backend gives the store's connections what a restart gives them (AdminShutdown, then a dead
+socket) without stopping the session's shared server. Each store thread keeps its own connection, so the
+calls run on one long-lived thread, as the worker's threads are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+import psycopg
+import pytest
+
+from iris_rag.backends import connection_failure
+from iris_rag.backends.postgres.store import PostgresStore
+from iris_rag.stores.base import ChunkInput, DocumentInput
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def store(postgres_url: str) -> Iterator[PostgresStore]:
+    opened = PostgresStore(postgres_url)
+    yield opened
+    opened.close()
+
+
+class _Thread:
+    """One thread that outlives the test's calls (a worker thread), running each function given."""
+
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self._executor = executor
+
+    def __call__(self, function: Callable[[], T]) -> T:
+        return self._executor.submit(function).result()
+
+
+@pytest.fixture
+def thread() -> Iterator[_Thread]:
+    with ThreadPoolExecutor(1) as one:
+        yield _Thread(one)
+
+
+def _database(url: str) -> str:
+    with psycopg.connect(url) as connection:
+        name = connection.info.dbname
+    return name
+
+
+def _terminate(admin_url: str, database: str) -> None:
+    """End every connection to the database, and wait until they are gone (as a server restart does)."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchall()
+    assert ended and all(row[0] for row in ended)
+
+
+def _allow_connections(admin_url: str, database: str, allowed: bool) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}").format(
+                psycopg.sql.Identifier(database), psycopg.sql.Literal(allowed)
+            )
+        )
+
+
+def _document(doc_id: str) -> DocumentInput:
+    vector = np.full(4, 0.5, dtype=np.float32)
+    return DocumentInput(doc_id, "", "alpha beta", {}, [ChunkInput(0, "alpha beta", 0, 10, vector)])
+
+
+def test_a_connection_closed_while_idle_is_replaced_before_the_next_call(
+    store: PostgresStore, postgres_server: str, postgres_url: str, thread: _Thread
+) -> None:
+    thread(lambda: store.create_collection("c", "m", 4))
+    with store.separate_connection():  # and one idle in the pool
+        pass
+    _terminate(postgres_server, _database(postgres_url))
+    # The server is back at once: neither the thread's connection nor the pool's may fail a call.
+    assert [c.id for c in thread(store.list_collections)] == ["c"]
+    with ThreadPoolExecutor(1) as fresh:
+        assert [c.id for c in fresh.submit(store.list_collections).result()] == ["c"]
+    thread(lambda: store.upsert_documents("c", [_document("a")]))
+    assert thread(lambda: store.get_document("c", "a")) is not None
+
+
+def test_a_thread_recovers_once_the_server_accepts_connections_again(
+    store: PostgresStore, postgres_server: str, postgres_url: str, thread: _Thread
+) -> None:
+    database = _database(postgres_url)
+    store._pool.timeout = 1  # the pool's wait for a connection, shortened for the test
+    assert thread(store.list_collections) == []
+    _allow_connections(postgres_server, database, False)  # the server is "down" for this database
+    try:
+        _terminate(postgres_server, database)
+        for _ in range(3):
+            with pytest.raises(Exception) as raised:
+                thread(store.list_collections)
+            # DATABASE_CONNECTION_FAILED, not an INTERNAL_ERROR of the store's own bookkeeping.
+            assert connection_failure(raised.value) is not None, repr(raised.value)
+    finally:
+        _allow_connections(postgres_server, database, True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert thread(store.list_collections) == []
+            break
+        except Exception as error:  # the pool reconnects in the background: a few calls may still fail
+            assert connection_failure(error) is not None, repr(error)
+            assert time.monotonic() < deadline, "the thread never got a working connection again"
+            time.sleep(0.2)
+    thread(store.ping)
+
+
+def test_a_transaction_never_moves_to_another_connection(
+    store: PostgresStore, postgres_server: str, postgres_url: str
+) -> None:
+    # Its later statements would run outside it (autocommit), so they must fail with it instead.
+    store.create_collection("c", "m", 4)
+    with pytest.raises(psycopg.OperationalError), store.transaction() as connection:
+        _terminate(postgres_server, _database(postgres_url))
+        with pytest.raises(psycopg.OperationalError):
+            connection.execute("SELECT 1")
+        assert store.connection() is connection
+        store.connection().execute("SELECT 1")
+    assert [c.id for c in store.list_collections()] == ["c"]
