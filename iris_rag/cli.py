@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 from tqdm import tqdm
 
+from iris_rag.backends import connection_failure
 from iris_rag.embedder import Embedder, resolve_model_path
 from iris_rag.errors import InvalidParametersError, ModelUnavailableError, RagError
 from iris_rag.ingestion.ingestor import CHUNKING_RANGES, stored_id
@@ -580,6 +581,12 @@ def _main(argv: list[str] | None) -> int:
     except RagError as exc:
         print(f"error {exc.code}: {exc.message}", file=sys.stderr)
         _print_tables(exc)
+        code = 2
+    except Exception as exc:  # a store that cannot be used (a full disk, a lost server): named, no traceback
+        failure = connection_failure(exc, settings.llm_secrets)
+        if failure is None:
+            raise
+        print(f"error {failure.code}: {failure.message}", file=sys.stderr)
         code = 2
     finally:
         service.close()

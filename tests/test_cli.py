@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import orjson
@@ -235,3 +236,31 @@ def test_query_sqlrag_runs_the_sql_given_with_sql(shop: None, capsys: pytest.Cap
 def test_sql_is_only_for_the_sqlrag_technique(shop: None, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["query", "anything", "--technique", "basic", "--sql", "SELECT 1"]) == 2
     assert "error INVALID_PARAMETERS: --sql is for --technique sqlrag" in capsys.readouterr().err
+
+
+def test_a_store_that_cannot_be_written_is_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk under `iris-rag ingest` printed SQLite's traceback; MCP calls already got one code."""
+
+    class Service:
+        def __init__(self, *_args: object, **_kwargs: object) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    def unwritable(_args: object, _service: object) -> int:
+        connection = sqlite3.connect(":memory:")
+        connection.execute("CREATE TABLE t (x)")
+        connection.execute("PRAGMA query_only = 1")  # SQLite's own SQLITE_READONLY, as a full disk's
+        connection.execute("INSERT INTO t VALUES (1)")
+        return 0
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(cli, "RagService", Service)
+    monkeypatch.setattr(cli, "cmd_ingest", unwritable)
+    assert cli.main(["ingest", str(tmp_path), "--collection", "c"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error DATABASE_CONNECTION_FAILED: the SQLite store cannot be used")
+    assert "RAG_DATA_DIR" in err and "Traceback" not in err and len(err.splitlines()) == 1
