@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from iris_rag.access import current_principal
+from iris_rag.backends import connection_failure
 from iris_rag.schemas import CORRELATION_FIELDS
 from iris_rag.stores.base import CallLog, CallRecord
 from iris_rag.text import without_nul
@@ -88,9 +89,14 @@ class Monitor:
             number, record = self._pending.get()
             try:
                 self.store.record_call(record)
-            except Exception:
-                # Kept in memory: this process still counts it.
-                logger.exception("could not store a call record")
+            except Exception as exc:
+                # Kept in memory: this process still counts it. A store that cannot be used (a full disk, a
+                # lost server) fails every record alike: one line each, not a traceback each.
+                failure = connection_failure(exc)
+                if failure is None:
+                    logger.exception("could not store a call record")
+                else:
+                    logger.warning("could not store a call record: %s", failure.message)
             else:
                 with self._unstored_lock:
                     del self._unstored[number]

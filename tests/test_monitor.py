@@ -95,3 +95,26 @@ def test_metrics_and_health_answer_while_a_writer_holds_the_store(
     assert health["components"]["database"]["status"] == "healthy"
     service.monitor.flush()  # stored once the writer is gone, and counted once
     assert service.metrics({"time_range": "1h"})["overall"]["request_count"] == 2
+
+
+def test_a_store_that_cannot_be_written_costs_one_log_line_per_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk logged SQLite's whole traceback for every call the server answered."""
+    store = SqliteStore(tmp_path / "db.sqlite3")
+
+    def full(_record: CallRecord) -> None:
+        connection = sqlite3.connect(":memory:")
+        connection.execute("CREATE TABLE t (x)")
+        connection.execute("PRAGMA query_only = 1")  # SQLite's own SQLITE_READONLY, as a full disk's
+        connection.execute("INSERT INTO t VALUES (1)")
+
+    monkeypatch.setattr(store, "record_call", full)
+    monitor = Monitor(store)
+    for _ in range(3):
+        monitor.record("rag_basic", "basic", 5.0, True, None)
+    monitor.flush()
+    lines = [r for r in caplog.records if "could not store a call record" in r.getMessage()]
+    assert len(lines) == 3
+    assert all(r.exc_info is None and "RAG_DATA_DIR" in r.getMessage() for r in lines)
+    assert monitor.metrics("1h")["overall"]["request_count"] == 3  # still counted from memory
