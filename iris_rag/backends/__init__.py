@@ -57,7 +57,7 @@ def create_store(settings: Settings) -> DocumentStore:
                 raise
             raise failure from exc
         try:
-            return PostgresStore(url, max_connections=settings.worker_threads + 4)
+            return PostgresStore(url, max_connections=pool_size(settings))
         except psycopg.Error as exc:
             failure = connection_failure(exc, secrets)
             if failure is not None:
@@ -75,6 +75,17 @@ def create_store(settings: Settings) -> DocumentStore:
         hint = _sqlite_hint(exc) if isinstance(exc, sqlite3.Error) else _UNWRITABLE_HINT
         msg = f"the SQLite store {settings.database_path} cannot be opened ({type(exc).__name__}: {exc})"
         raise DatabaseConnectionFailedError(f"{msg}; {hint}" if hint else msg) from None
+
+
+def pool_size(settings: Settings) -> int:
+    """The PostgreSQL connections one worker may hold.
+
+    A thread keeps its connection for life (its technique storage reaches the very connection of its open
+    transaction), and rag_sqlrag's statements take their own. The threads: WORKER_THREADS work threads,
+    two control threads (worker/server.py), the monitor's writer, the index builder and the start-up
+    thread; then SQL_MAX_CONCURRENT statements.
+    """
+    return settings.worker_threads + 2 + 1 + 1 + 1 + settings.sql_max_concurrent
 
 
 def connection_failure(

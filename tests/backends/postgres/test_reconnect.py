@@ -7,6 +7,7 @@ calls run on one long-lived thread, as the worker's threads are.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -132,3 +133,43 @@ def test_a_transaction_never_moves_to_another_connection(
         assert store.connection() is connection
         store.connection().execute("SELECT 1")
     assert [c.id for c in store.list_collections()] == ["c"]
+
+
+def test_the_pool_holds_every_thread_that_keeps_a_connection_and_sqlrags_statements(
+    postgres_url: str,
+) -> None:
+    """Each worker thread keeps its connection for life: with work, control, monitor, builder and start-up
+    threads all holding one, rag_sqlrag's statements found the pool (WORKER_THREADS + 4) empty."""
+    from iris_rag.backends import create_store
+    from iris_rag.settings import Settings
+
+    settings = Settings(
+        RAG_STORE="postgres", RAG_POSTGRES_URL=postgres_url, WORKER_THREADS=2, SQL_MAX_CONCURRENT=2
+    )
+    made = create_store(settings)
+    assert isinstance(made, PostgresStore)
+    # The worker's threads that keep one: work, two control, the monitor, the index builder, the start-up one.
+    keeping = settings.worker_threads + 2 + 1 + 1 + 1
+    with ThreadPoolExecutor(keeping) as threads:
+        try:
+            barrier = threading.Barrier(keeping)
+
+            def keep() -> None:
+                made.ping()
+                barrier.wait(timeout=30)  # every thread holds its connection at once
+
+            list(threads.map(lambda _: keep(), range(keeping)))
+            statements = ThreadPoolExecutor(settings.sql_max_concurrent)
+
+            def statement() -> int:
+                with made.separate_connection() as connection:
+                    time.sleep(0.2)
+                    row = connection.execute("SELECT 1 AS one").fetchone()
+                    return -1 if row is None else int(row["one"])
+
+            started = time.monotonic()
+            assert list(statements.map(lambda _: statement(), range(settings.sql_max_concurrent))) == [1, 1]
+            statements.shutdown()
+            assert time.monotonic() - started < 3  # not the pool's 5 s wait for a connection
+        finally:
+            made.close()
