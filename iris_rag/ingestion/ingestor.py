@@ -20,12 +20,15 @@ from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.settings import Settings
 from iris_rag.stores.base import (
+    CacheItem,
+    CacheOwner,
     ChunkInput,
     DocumentInput,
     DocumentStore,
     NewCollection,
     check_collection_id,
     check_embedding_model,
+    document_source,
 )
 from iris_rag.stores.technique_index import ChunkEncoding, ChunkEncodingSource, SpanPooling, TechniqueIndex
 from iris_rag.text import embedding_text, is_utf8, without_nul
@@ -201,6 +204,11 @@ class Ingestor:
 
         check_cancelled()
         texts = [embedding_text(doc.title, span.text) for _, doc, spans in accepted for span in spans]
+        owners = [
+            CacheOwner(collection_id, doc_id, document_source(doc.title, doc.content))
+            for doc_id, doc, spans in accepted
+            for _ in spans
+        ]
         shared = None
         if self._encoding_source and texts:
             progress.stage(f"encoding {len(texts)} chunks with token vectors")
@@ -218,7 +226,7 @@ class Ingestor:
         # A key restricted to some collections reuses only its collection's vectors: a shared hit (and its
         # time saved) would tell it that a collection it cannot see holds the same text.
         private = not access.sees_everything()
-        vectors, result.embeddings_reused = self._embed(texts, shared, collection_id, private=private)
+        vectors, result.embeddings_reused = self._embed(texts, owners, shared, collection_id, private=private)
 
         inputs: list[DocumentInput] = []
         row = 0
@@ -258,6 +266,7 @@ class Ingestor:
     def _embed(
         self,
         texts: list[str],
+        owners: list[CacheOwner],
         shared: list[ChunkEncoding] | None = None,
         collection_id: str = "",
         *,
@@ -265,6 +274,7 @@ class Ingestor:
     ) -> tuple[npt.NDArray[np.float32], int]:
         """Vectors for the texts, from the cache where the same model already embedded the same text.
 
+        `owners`: each text's document, which owns the vector cached for it (the first, for a text repeated).
         `shared`: an index's forward pass over the same texts; its exact dense vectors are used as is.
         `private`: the cache entries are the collection's own, read and written under a key scoped to it;
         otherwise (a caller who sees every collection) entries are shared, and the collection's own ones
@@ -279,13 +289,17 @@ class Ingestor:
             if key not in cached and own in cached:
                 cached[key] = cached[own]
         known = {} if shared is None else {h: e.dense for h, e in zip(hashes, shared, strict=True)}
+        owner_of: dict[bytes, CacheOwner] = {}
+        for h, owner in zip(hashes, owners, strict=True):
+            owner_of.setdefault(h, owner)
         missing = list({h: text for h, text in zip(hashes, texts, strict=True) if h not in cached}.items())
         from_pass = [(h, v) for h, _ in missing if (v := known.get(h)) is not None]
         to_encode = [(h, text) for h, text in missing if known.get(h) is None]
         # Bulk work: sliced behind queries' encodes, with a cancellation check between slices.
         fresh = self.embedder.encode([text for _, text in to_encode], bulk=True)
         new = [*from_pass, *((h, fresh[i]) for i, (h, _) in enumerate(to_encode))]
-        self.store.cache_embeddings(model, new)
+        items: list[CacheItem] = [(h, v, owner_of[h]) for h, v in new]
+        self.store.cache_embeddings(model, items)
         cached.update(new)
         dimension = self.embedder.dimension
         vectors = np.stack([cached[h] for h in hashes]) if hashes else np.zeros((0, dimension), np.float32)

@@ -7,6 +7,7 @@ technique declares (technique_storage).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -214,7 +215,8 @@ class Documents(Protocol):
     ) -> int:
         """Insert or replace documents, chunks and technique-index rows in one transaction; count chunks.
 
-        With `new_collection`, a missing collection is created in that same transaction.
+        With `new_collection`, a missing collection is created in that same transaction. A replaced
+        document's cached vectors made for other text than the new one's go (EmbeddingCache).
         """
 
     def register_index(self, index: TechniqueIndex) -> None:
@@ -239,12 +241,13 @@ class Documents(Protocol):
         """
 
     def delete_document(self, collection_id: str, document_id: str) -> bool:
-        """Delete a document and its chunks; False if it was absent."""
+        """Delete a document, its chunks and its cached vectors; False if it was absent."""
 
     def delete_collection(self, collection_id: str) -> int | None:
         """Delete the collection with its documents and every technique's rows, in one transaction.
 
-        Returns how many documents went, or None if there was no such collection.
+        Its cached vectors go too (EmbeddingCache). Returns how many documents went, or None if there was
+        no such collection.
         """
 
     def get_document(self, collection_id: str, document_id: str) -> StoredDocument | None:
@@ -332,14 +335,55 @@ class KeywordSearch(Protocol):
         """The keyword index's (stemmed) terms with how many chunks hold each."""
 
 
+@dataclass(frozen=True, slots=True)
+class CacheOwner:
+    """The document a cached vector was made for, with the hash of its title and content then.
+
+    Deleting the document or its collection deletes the vectors it owns; replacing it with other text
+    deletes those made for the old text (their source_hash differs): the cache holds what the store holds.
+    """
+
+    collection_id: str
+    document_id: str
+    source_hash: bytes
+
+    @classmethod
+    def of(cls, collection_id: str, document: DocumentInput) -> CacheOwner:
+        """The owner of the vectors made for this document's texts (chunks, sentences, names)."""
+        return cls(collection_id, document.id, document_source(document.title, document.content))
+
+
+def document_source(title: str, content: str) -> bytes:
+    """The hash of a document's title and content: every text the cache holds for it derives from them."""
+    text = f"{title}\x00{content}".encode("utf-8", "surrogatepass")
+    return hashlib.sha256(text).digest()[:16]
+
+
+def owner_columns(owner: CacheOwner | None) -> tuple[str | None, str | None, bytes | None]:
+    """A cached vector's owner as its row stores it: collection_id, document_id, source_hash (NULL: none)."""
+    return (
+        (None, None, None) if owner is None else (owner.collection_id, owner.document_id, owner.source_hash)
+    )
+
+
+# A vector to remember: its text's hash, the vector, and its owner (None: no document's, kept until cleared).
+CacheItem = tuple[bytes, npt.NDArray[np.float32], CacheOwner | None]
+
+
 class EmbeddingCache(Protocol):
-    """Vectors remembered by the hash of the text they encode, per model."""
+    """Vectors remembered by the hash of the text they encode, per model, each owned by its document.
+
+    A vector is owned by the document it was made for (CacheOwner): Documents.delete_document,
+    delete_collection and an upsert replacing the document with other text delete it. One row per text:
+    a text already cached keeps its first owner, so deleting an owner's vectors may take one that another
+    document (or collection) holding the same text also read: a cache miss only costs embedding it again.
+    """
 
     def cached_embeddings(self, model: str, text_hashes: list[bytes]) -> dict[bytes, npt.NDArray[np.float32]]:
         """The cached vectors among the given text hashes."""
 
-    def cache_embeddings(self, model: str, items: list[tuple[bytes, npt.NDArray[np.float32]]]) -> None:
-        """Remember vectors by text hash."""
+    def cache_embeddings(self, model: str, items: list[CacheItem]) -> None:
+        """Remember vectors by text hash, each owned by the document it was made for."""
 
 
 class CallLog(Protocol):

@@ -213,6 +213,20 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        5,
+        "each cached embedding names the document it was made for, deleted with it",
+        # As SQLite's version 10 and PostgreSQL's migration 16: rows cached before have no owner and stay.
+        [
+            f"ALTER TABLE {SCHEMA}.EmbeddingCache ADD collection_id VARCHAR(512)",
+            f"ALTER TABLE {SCHEMA}.EmbeddingCache ADD document_id VARCHAR(1024)",
+            f"ALTER TABLE {SCHEMA}.EmbeddingCache ADD source_hash VARBINARY(64)",
+            f"CREATE INDEX EmbeddingCacheDocIdx ON {SCHEMA}.EmbeddingCache (collection_id, document_id)",
+        ],
+    )
+)
+
 MIGRATIONS_TABLE_DDL = f"""CREATE TABLE {SCHEMA}.Migrations (
     step        INTEGER NOT NULL PRIMARY KEY,
     description VARCHAR(1000) NOT NULL,

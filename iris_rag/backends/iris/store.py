@@ -42,6 +42,7 @@ from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import DatabaseConnectionFailedError
 from iris_rag.redaction import redact
 from iris_rag.stores.base import (
+    CacheItem,
     CallRecord,
     CollectionInfo,
     DocumentInput,
@@ -51,6 +52,8 @@ from iris_rag.stores.base import (
     ScoredChunk,
     StoredChunk,
     StoredDocument,
+    document_source,
+    owner_columns,
 )
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.rows import written_dates
@@ -455,7 +458,7 @@ class IrisStore:
                 created_at, updated_at = written_dates(
                     self.get_document(collection_id, document.id), document, now
                 )
-                self._delete_document_rows(collection_id, document.id, dimension)
+                self._delete_document_rows(collection_id, document.id, dimension, replaced_by=document)
                 self.execute(
                     f"""INSERT INTO {SCHEMA}.Documents (collection_id, doc_id, doc_order, doc_title,
                            doc_content,
@@ -561,9 +564,28 @@ class IrisStore:
             (*totals, collection_id),
         )
 
-    def _delete_document_rows(self, collection_id: str, document_id: str, dimension: int) -> int:
+    def _delete_document_rows(
+        self,
+        collection_id: str,
+        document_id: str,
+        dimension: int,
+        *,
+        replaced_by: DocumentInput | None = None,
+    ) -> int:
+        """The document's rows everywhere; its cached vectors too, but for those of `replaced_by`'s text."""
         for index in self._technique_indexes:
             index.delete(collection_id, document_id)
+        if replaced_by is None:
+            self.execute(
+                f"DELETE FROM {SCHEMA}.EmbeddingCache WHERE collection_id = ? AND document_id = ?",
+                (collection_id, document_id),
+            )
+        else:
+            self.execute(
+                f"DELETE FROM {SCHEMA}.EmbeddingCache "
+                "WHERE collection_id = ? AND document_id = ? AND source_hash <> ?",
+                (collection_id, document_id, document_source(replaced_by.title, replaced_by.content)),
+            )
         removed = self.rows(
             f"""SELECT chunk_row, titled, title_length, content_length FROM {SCHEMA}.Chunks
                 WHERE collection_id = ? AND document_id = ?""",
@@ -643,6 +665,7 @@ class IrisStore:
             for table in (f"{SCHEMA}.Postings", vector_table(locked[0]), f"{SCHEMA}.Chunks"):
                 self.execute(f"DELETE FROM {table} WHERE collection_id = ?", (collection_id,))
             self.execute(f"DELETE FROM {SCHEMA}.Documents WHERE collection_id = ?", (collection_id,))
+            self.execute(f"DELETE FROM {SCHEMA}.EmbeddingCache WHERE collection_id = ?", (collection_id,))
             self.execute(f"DELETE FROM {SCHEMA}.Collections WHERE id = ?", (collection_id,))
             if document_ids:
                 self._bump_version(collection_id, document_ids)
@@ -936,18 +959,22 @@ class IrisStore:
                 found[bytes(row[0])] = np.frombuffer(bytes(row[1]), dtype=np.float32)
         return found
 
-    def cache_embeddings(self, model: str, items: list[tuple[bytes, npt.NDArray[np.float32]]]) -> None:
-        """Remember vectors by text hash (a hash already cached keeps its vector: same text, same model)."""
+    def cache_embeddings(self, model: str, items: list[CacheItem]) -> None:
+        """Remember vectors by text hash, each owned by the document it was made for.
+
+        A hash already cached keeps its vector and owner (same text, same model).
+        """
         if not items:
             return
         with self.transaction():
-            known = self.cached_embeddings(model, [h for h, _ in items])
+            known = self.cached_embeddings(model, [h for h, _, _ in items])
+            fresh = {h: (v, owner) for h, v, owner in items if h not in known}
             self.executemany(
-                f"INSERT INTO {SCHEMA}.EmbeddingCache (model_name, text_hash, raw_vector) VALUES (?, ?, ?)",
+                f"""INSERT INTO {SCHEMA}.EmbeddingCache (model_name, text_hash, raw_vector, collection_id,
+                       document_id, source_hash) VALUES (?, ?, ?, ?, ?, ?)""",
                 [
-                    (model, h, np.ascontiguousarray(v, dtype=np.float32).tobytes())
-                    for h, v in dict(items).items()
-                    if h not in known
+                    (model, h, np.ascontiguousarray(v, dtype=np.float32).tobytes(), *owner_columns(owner))
+                    for h, (v, owner) in fresh.items()
                 ],
             )
 

@@ -420,6 +420,17 @@ BEGIN
 END $$;
 """,
     ),
+    (
+        16,
+        "each cached embedding names the document it was made for, deleted with it",
+        # The cache grew without end: a deleted document's vectors stayed. Rows cached before have no owner
+        # (NULL) and stay.
+        """
+ALTER TABLE embedding_cache
+    ADD COLUMN collection_id TEXT, ADD COLUMN document_id TEXT, ADD COLUMN source_hash BYTEA;
+CREATE INDEX embedding_cache_by_document ON embedding_cache (collection_id, document_id);
+""",
+    ),
 ]
 
 

@@ -48,6 +48,7 @@ from iris_rag.backends.postgres.migrations import migrate
 from iris_rag.cancellation import check_cancelled
 from iris_rag.redaction import redact, url_userinfo, with_pieces
 from iris_rag.stores.base import (
+    CacheItem,
     CallRecord,
     ChunkInput,
     CollectionInfo,
@@ -58,6 +59,8 @@ from iris_rag.stores.base import (
     ScoredChunk,
     StoredChunk,
     StoredDocument,
+    document_source,
+    owner_columns,
 )
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.rows import (
@@ -427,7 +430,7 @@ class PostgresStore:
                 created_at, updated_at = written_dates(
                     None if previous is None else stored_document(previous), document, now
                 )
-                self._delete_document_rows(connection, collection_id, document.id)
+                self._delete_document_rows(connection, collection_id, document.id, replaced_by=document)
                 connection.execute(
                     "INSERT INTO documents (collection_id, id, title, content, metadata, created_at, "
                     "updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -505,8 +508,11 @@ class PostgresStore:
                 (collection_id, [document.id for document in documents]),
             ).fetchall()
         }
+        replacing = {document.id: document for document in documents}
         for document_id in previous:
-            self._delete_document_rows(connection, collection_id, document_id)
+            self._delete_document_rows(
+                connection, collection_id, document_id, replaced_by=replacing[document_id]
+            )
         count = sum(len(document.chunks) for document in documents)
         with connection.cursor(row_factory=tuple_row) as cursor:
             row_ids = sorted(
@@ -665,9 +671,24 @@ class PostgresStore:
             (*totals, documents, collection_id),
         )
 
-    def _delete_document_rows(self, connection: Connection[Row], collection_id: str, document_id: str) -> int:
+    def _delete_document_rows(
+        self,
+        connection: Connection[Row],
+        collection_id: str,
+        document_id: str,
+        *,
+        replaced_by: DocumentInput | None = None,
+    ) -> int:
+        """The document's rows everywhere; its cached vectors too, but for those of `replaced_by`'s text."""
         for index in self._technique_indexes:
             index.delete(collection_id, document_id)
+        # IS DISTINCT FROM NULL without a replacement: every vector the document owns.
+        kept = None if replaced_by is None else document_source(replaced_by.title, replaced_by.content)
+        connection.execute(
+            "DELETE FROM embedding_cache WHERE collection_id = %s AND document_id = %s "
+            "AND source_hash IS DISTINCT FROM %s::bytea",
+            (collection_id, document_id, kept),
+        )
         # The postings out of their blocks, found from the chunks' text tokenized again as it was written
         # (FTS5 deletes the same way), and their terms off keyword_terms' counts.
         with connection.cursor(row_factory=tuple_row) as cursor:
@@ -770,6 +791,7 @@ class PostgresStore:
                 if isinstance(index, CollectionState):
                     index.drop_collection(collection_id)
             connection.execute("DELETE FROM collections WHERE id = %s", (collection_id,))
+            connection.execute("DELETE FROM embedding_cache WHERE collection_id = %s", (collection_id,))
             # Its version stays (versions never repeat); its log goes, so any older cached state reloads.
             connection.execute("DELETE FROM collection_changes WHERE collection_id = %s", (collection_id,))
             connection.execute("DELETE FROM keyword_totals WHERE collection_id = %s", (collection_id,))
@@ -1224,15 +1246,20 @@ class PostgresStore:
             bytes(row["text_hash"]): np.frombuffer(bytes(row["vector"]), dtype=np.float32) for row in rows
         }
 
-    def cache_embeddings(self, model: str, items: list[tuple[bytes, npt.NDArray[np.float32]]]) -> None:
-        """Remember vectors by text hash."""
+    def cache_embeddings(self, model: str, items: list[CacheItem]) -> None:
+        """Remember vectors by text hash, each owned by the document it was made for (a first owner stays)."""
         if not items:
             return
         with self.transaction() as connection, connection.cursor() as cursor:
             cursor.executemany(
-                "INSERT INTO embedding_cache VALUES (%s, %s, %s) "
+                "INSERT INTO embedding_cache "
+                "(model, text_hash, vector, collection_id, document_id, source_hash) "
+                "VALUES (%s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (model, text_hash) DO UPDATE SET vector = EXCLUDED.vector",
-                [(model, h, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for h, v in items],
+                [
+                    (model, h, np.ascontiguousarray(v, dtype=np.float32).tobytes(), *owner_columns(owner))
+                    for h, v, owner in items
+                ],
             )
 
     # Monitoring

@@ -31,6 +31,7 @@ from iris_rag.stores.base import (
     BM25_IDF_FLOOR,
     BM25_K1,
     MULTIFIELD_OTHER_SHARE,
+    CacheItem,
     CallRecord,
     ChunkInput,
     CollectionInfo,
@@ -41,6 +42,8 @@ from iris_rag.stores.base import (
     ScoredChunk,
     StoredChunk,
     StoredDocument,
+    document_source,
+    owner_columns,
 )
 from iris_rag.stores.filters import MetadataFilter
 from iris_rag.stores.rows import (
@@ -59,7 +62,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -95,9 +98,12 @@ CREATE TABLE IF NOT EXISTS chunks (
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks(collection_id, document_id);
 CREATE TABLE IF NOT EXISTS embedding_cache (
-    model     TEXT NOT NULL,
-    text_hash BLOB NOT NULL,
-    vector    BLOB NOT NULL,
+    model         TEXT NOT NULL,
+    text_hash     BLOB NOT NULL,
+    vector        BLOB NOT NULL,
+    collection_id TEXT,
+    document_id   TEXT,
+    source_hash   BLOB,
     PRIMARY KEY (model, text_hash)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS calls (
@@ -444,6 +450,15 @@ class SqliteStore:
         # Version 6: a description a user sets (rag_update_collection).
         if "description" not in {row[1] for row in connection.execute("PRAGMA table_info(collections)")}:
             connection.execute("ALTER TABLE collections ADD COLUMN description TEXT NOT NULL DEFAULT ''")
+        # Version 10: each cached vector names the document it was made for (CacheOwner); older rows none.
+        cache = {row[1] for row in connection.execute("PRAGMA table_info(embedding_cache)")}
+        for column, kind in (("collection_id", "TEXT"), ("document_id", "TEXT"), ("source_hash", "BLOB")):
+            if column not in cache:
+                connection.execute(f"ALTER TABLE embedding_cache ADD COLUMN {column} {kind}")
+        connection.execute(
+            "CREATE INDEX IF NOT EXISTS embedding_cache_by_document "
+            "ON embedding_cache(collection_id, document_id)"
+        )
         collections = [row[0] for row in connection.execute("SELECT id FROM collections ORDER BY id")]
         for collection_id in collections:
             if not _has_keyword_tables(connection, collection_id):
@@ -665,7 +680,7 @@ class SqliteStore:
                     created_at, updated_at = written_dates(
                         None if previous is None else stored_document(previous), document, now
                     )
-                    self._delete_document_rows(connection, collection_id, document.id)
+                    self._delete_document_rows(connection, collection_id, document.id, replaced_by=document)
                     connection.execute(
                         "INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)",
                         (
@@ -733,10 +748,23 @@ class SqliteStore:
         connection.execute("INSERT OR REPLACE INTO chunk_terms VALUES (?, ?)", (cursor.lastrowid, postings))
 
     def _delete_document_rows(
-        self, connection: sqlite3.Connection, collection_id: str, document_id: str
+        self,
+        connection: sqlite3.Connection,
+        collection_id: str,
+        document_id: str,
+        *,
+        replaced_by: DocumentInput | None = None,
     ) -> int:
+        """The document's rows everywhere; its cached vectors too, but for those of `replaced_by`'s text."""
         for index in self._technique_indexes:
             index.delete(collection_id, document_id)
+        # IS NOT NULL without a replacement: every vector the document owns.
+        kept = None if replaced_by is None else document_source(replaced_by.title, replaced_by.content)
+        connection.execute(
+            "DELETE FROM embedding_cache "
+            "WHERE collection_id = ? AND document_id = ? AND source_hash IS NOT ?",
+            (collection_id, document_id, kept),
+        )
         # The content table reads the old text from `chunks` to unindex it: keyword rows go first.
         for table in (fts_table, title_fts_table, content_fts_table):
             connection.execute(
@@ -814,6 +842,7 @@ class SqliteStore:
                         f"DROP TABLE IF EXISTS {_quote(keyword_table_name(collection_id, suffix))}"
                     )
                 connection.execute("DELETE FROM chunks WHERE collection_id = ?", (collection_id,))
+                connection.execute("DELETE FROM embedding_cache WHERE collection_id = ?", (collection_id,))
                 connection.execute("DELETE FROM documents WHERE collection_id = ?", (collection_id,))
                 connection.execute("DELETE FROM collections WHERE id = ?", (collection_id,))
                 connection.execute("DELETE FROM collection_counts WHERE collection_id = ?", (collection_id,))
@@ -1556,16 +1585,24 @@ class SqliteStore:
             found.update({row["text_hash"]: np.frombuffer(row["vector"], dtype=np.float32) for row in rows})
         return found
 
-    def cache_embeddings(self, model: str, items: list[tuple[bytes, npt.NDArray[np.float32]]]) -> None:
-        """Remember vectors by text hash."""
+    def cache_embeddings(self, model: str, items: list[CacheItem]) -> None:
+        """Remember vectors by text hash, each owned by the document it was made for (a first owner stays)."""
         if not items:
             return
         with self._write_lock:
             self._connection().executemany(
-                "INSERT OR REPLACE INTO embedding_cache VALUES (?, ?, ?)",
+                """INSERT INTO embedding_cache
+                       (model, text_hash, vector, collection_id, document_id, source_hash)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (model, text_hash) DO UPDATE SET vector = excluded.vector""",
                 [
-                    (model, text_hash, np.ascontiguousarray(v, dtype=np.float32).tobytes())
-                    for text_hash, v in items
+                    (
+                        model,
+                        text_hash,
+                        np.ascontiguousarray(v, dtype=np.float32).tobytes(),
+                        *owner_columns(owner),
+                    )
+                    for text_hash, v, owner in items
                 ],
             )
 

@@ -41,7 +41,7 @@ from iris_rag.encoder import TextEncoder
 from iris_rag.retrieval import vocabulary
 from iris_rag.settings import Settings
 from iris_rag.stores.appended import Column
-from iris_rag.stores.base import DocumentInput, DocumentStore
+from iris_rag.stores.base import CacheItem, CacheOwner, DocumentInput, DocumentStore
 from iris_rag.stores.versioned import VersionedCache, update_limit
 from iris_rag.techniques.graphrag.extraction import (
     ChatClient,
@@ -193,8 +193,10 @@ class KnowledgeGraphIndex:
         for document in documents:
             graph = self._extract(document)
             prepared.documents[document.id] = PreparedDocument(graph, _unit_chunks(graph.units, document))
-        names = [m.name for item in prepared.documents.values() for m in item.graph.mentions]
-        prepared.name_vectors = self.name_vectors(names)
+        # A name's cached vector is owned by the first of these documents that mentions it.
+        owners = {d.id: CacheOwner.of(collection_id, d) for d in documents}
+        named = [(m.name, owners[i]) for i, item in prepared.documents.items() for m in item.graph.mentions]
+        prepared.name_vectors = self.name_vectors([n for n, _ in named], [o for _, o in named])
         return prepared
 
     def _extract(self, document: DocumentInput) -> DocumentGraph:
@@ -503,7 +505,7 @@ class KnowledgeGraphIndex:
         if not missing:  # one join and one view: stacking 9,000 small arrays took 0.2 s of a cold call
             stored = np.frombuffer(b"".join(b for b in blobs if b is not None), dtype=np.float32)
             return stored.reshape(len(blobs), -1)
-        fresh = self.name_vectors(missing)
+        fresh = self.name_vectors(missing, [None] * len(missing))  # owned by no document: kept
         logger.warning(
             "the graph of %r was built before entity vectors were stored: %d names embedded at query "
             "time (kept in the embedding cache); `iris-rag reindex --collection %s` stores them",
@@ -518,20 +520,28 @@ class KnowledgeGraphIndex:
             ]
         ).astype(np.float32, copy=False)
 
-    def name_vectors(self, names: list[str]) -> dict[str, npt.NDArray[np.float32]]:
-        """Each distinct name's vector: from the store's embedding cache, else encoded (and cached)."""
-        unique = list(dict.fromkeys(names))
-        if not unique:
+    def name_vectors(
+        self, names: list[str], owners: list[CacheOwner | None]
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Each distinct name's vector: from the store's embedding cache, else encoded (and cached).
+
+        `owners`: each name's document, which owns its cached vector (the first, for a name repeated).
+        """
+        owner_of: dict[str, CacheOwner | None] = {}
+        for name, owner in zip(names, owners, strict=True):
+            owner_of.setdefault(name, owner)
+        if not owner_of:
             return {}
         model = self.settings.embedding_model_id
-        hashes = {text_hash(n): n for n in unique}
+        hashes = {text_hash(n): n for n in owner_of}
         cached = self.store.cached_embeddings(model, list(hashes))
         vectors = {hashes[h]: vector for h, vector in cached.items()}
         fresh = [(h, n) for h, n in hashes.items() if h not in cached]
         for batch in _batches(fresh, NAME_ENCODE_BATCH):
             check_cancelled()  # between encoder calls: a cancelled ingest stops here
             encoded = self.embedder.encode([n for _, n in batch], batch_size=256)
-            self.store.cache_embeddings(model, [(h, encoded[i]) for i, (h, _) in enumerate(batch)])
+            items: list[CacheItem] = [(h, encoded[i], owner_of[n]) for i, (h, n) in enumerate(batch)]
+            self.store.cache_embeddings(model, items)
             vectors.update({n: encoded[i] for i, (_, n) in enumerate(batch)})
         return vectors
 

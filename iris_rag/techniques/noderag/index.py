@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.encoder import TextEncoder
-from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore
+from iris_rag.stores.base import CacheItem, CacheOwner, ChunkInput, DocumentInput, DocumentStore
 from iris_rag.stores.technique_index import ChunkEncoding
 from iris_rag.stores.versioned import VersionedCache, update_limit
 from iris_rag.techniques.noderag.storage import (
@@ -361,7 +361,8 @@ class NodeTreeIndex:
         pooled = [_pooled_leaves(d, nodes) for d, nodes in zip(documents, trees, strict=True)]
         texts = [leaf_texts(d.title, d.content, nodes) for d, nodes in zip(documents, trees, strict=True)]
         todo = [(d, i) for d, doc_pooled in enumerate(pooled) for i, v in enumerate(doc_pooled) if v is None]
-        vectors = self.embed([texts[d][i] for d, i in todo])
+        owners = [CacheOwner.of(collection_id, document) for document in documents]
+        vectors = self.embed([texts[d][i] for d, i in todo], [owners[d] for d, _ in todo])
         for (d, i), vector in zip(todo, vectors, strict=True):
             pooled[d][i] = vector
         prepared = []
@@ -406,17 +407,24 @@ class NodeTreeIndex:
         return self.storage.indexed_document_ids(collection_id)
 
     # Embedding
-    def embed(self, texts: list[str]) -> Vectors:
-        """Vectors for leaf texts, in batches; the store's embedding cache spares a reindex the work."""
+    def embed(self, texts: list[str], owners: list[CacheOwner]) -> Vectors:
+        """Vectors for leaf texts, in batches; the store's embedding cache spares a reindex the work.
+
+        `owners`: each text's document, which owns its cached vector (the first, for a text repeated).
+        """
         hashes = [hashlib.sha256(text.encode("utf-8")).digest()[:16] for text in texts]
         cached = self.store.cached_embeddings(self.model_name, list(set(hashes)))
-        missing = list({h: t for h, t in zip(hashes, texts, strict=True) if h not in cached}.items())
-        for start in range(0, len(missing), ENCODE_BATCH):
-            batch = missing[start : start + ENCODE_BATCH]
-            fresh = self.embedder.encode([text for _, text in batch], bulk=True)
-            items = [(h, fresh[i]) for i, (h, _) in enumerate(batch)]
+        missing: dict[bytes, tuple[str, CacheOwner]] = {}
+        for h, text, owner in zip(hashes, texts, owners, strict=True):
+            if h not in cached:
+                missing.setdefault(h, (text, owner))
+        work = list(missing.items())
+        for start in range(0, len(work), ENCODE_BATCH):
+            batch = work[start : start + ENCODE_BATCH]
+            fresh = self.embedder.encode([text for _, (text, _) in batch], bulk=True)
+            items: list[CacheItem] = [(h, fresh[i], owner) for i, (h, (_, owner)) in enumerate(batch)]
             self.store.cache_embeddings(self.model_name, items)
-            cached.update(items)
+            cached.update((h, fresh[i]) for i, (h, _) in enumerate(batch))
         if not hashes:
             return np.zeros((0, self.embedder.dimension), dtype=np.float32)
         return np.stack([cached[h] for h in hashes]).astype(np.float32, copy=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iris_rag.stores.base import CallRecord, DocumentStore
+from iris_rag.stores.base import CacheItem, CacheOwner, CallRecord, DocumentStore
 from tests.backends.contract.corpus import MODEL, document, new_collection, unit_vector
 
 
@@ -57,7 +57,7 @@ def test_embedding_cache_round_trip(store: DocumentStore) -> None:
     h1, h2, h3 = (bytes([i]) * 32 for i in (1, 2, 3))
     v1, v2 = unit_vector(1, 384), unit_vector(2, 384)
     assert store.cached_embeddings("m", [h1]) == {}
-    store.cache_embeddings("m", [(h1, v1), (h2, v2)])
+    store.cache_embeddings("m", [(h1, v1, None), (h2, v2, None)])
     store.cache_embeddings("m", [])
     found = store.cached_embeddings("m", [h1, h2, h3])
     assert set(found) == {h1, h2}
@@ -65,16 +65,43 @@ def test_embedding_cache_round_trip(store: DocumentStore) -> None:
     assert found[h1].dtype == np.float32
     # Keyed by model too: another model's vectors for the same text are apart.
     assert store.cached_embeddings("other", [h1, h2]) == {}
-    store.cache_embeddings("other", [(h1, v2)])
+    store.cache_embeddings("other", [(h1, v2, None)])
     assert np.array_equal(store.cached_embeddings("other", [h1])[h1], v2)
     assert np.array_equal(store.cached_embeddings("m", [h1])[h1], v1)
     # Caching a hash again keeps one entry, the latest vector.
-    store.cache_embeddings("m", [(h1, v2)])
+    store.cache_embeddings("m", [(h1, v2, None)])
     assert np.array_equal(store.cached_embeddings("m", [h1])[h1], v2)
     # Many hashes at once (more than one batch of parameters).
-    many = [(i.to_bytes(32, "big"), unit_vector(i, 4)) for i in range(1_200)]
+    many: list[CacheItem] = [(i.to_bytes(32, "big"), unit_vector(i, 4), None) for i in range(1_200)]
     store.cache_embeddings("many", many)
-    assert len(store.cached_embeddings("many", [h for h, _ in many])) == 1_200
+    assert len(store.cached_embeddings("many", [h for h, _, _ in many])) == 1_200
+
+
+def test_cached_vectors_go_with_the_document_that_owns_them(store: DocumentStore) -> None:
+    """A deleted document's vectors, or a replaced one's made for its old text, left the cache never."""
+    new_collection(store, "c")
+    new_collection(store, "d")
+    x, y, other = document("x", ["ex"]), document("y", ["why"]), document("z", ["zed"])
+    store.upsert_documents("c", [x, y])
+    store.upsert_documents("d", [other])
+    hashes = [bytes([i]) * 16 for i in range(6)]
+    owners = [CacheOwner.of("c", x), CacheOwner.of("c", y), CacheOwner.of("d", other), None]
+    items: list[CacheItem] = [
+        (h, unit_vector(i, 4), o) for i, (h, o) in enumerate(zip(hashes[:4], owners, strict=True))
+    ]
+    store.cache_embeddings("m", items)
+    # A text cached again keeps its first owner: y's vector is x's to delete.
+    store.cache_embeddings("m", [(hashes[0], unit_vector(0, 4), CacheOwner.of("c", y))])
+    assert store.delete_document("c", "x")
+    assert set(store.cached_embeddings("m", hashes)) == set(hashes[1:4])
+    # Replaced by the same text (a reindex), y keeps its vectors; by other text, they go.
+    store.upsert_documents("c", [y])
+    assert set(store.cached_embeddings("m", hashes)) == set(hashes[1:4])
+    store.cache_embeddings("m", [(hashes[4], unit_vector(4, 4), CacheOwner.of("c", document("y", ["new"])))])
+    store.upsert_documents("c", [document("y", ["new"])])
+    assert set(store.cached_embeddings("m", hashes)) == {hashes[2], hashes[3], hashes[4]}
+    assert store.delete_collection("c") == 1
+    assert set(store.cached_embeddings("m", hashes)) == {hashes[2], hashes[3]}  # d's, and no document's
 
 
 def test_stats_counts(store: DocumentStore) -> None:

@@ -158,7 +158,10 @@ def test_the_schema_is_iris_sql_for_vectors_and_hnsw() -> None:
         schema.vector_table(0)
     statements = [s for _, _, step in schema.MIGRATIONS for s in step]
     assert all(
-        s.startswith(("CREATE TABLE IrisRag.", "CREATE INDEX ", "CREATE UNIQUE INDEX ")) for s in statements
+        s.startswith(
+            ("CREATE TABLE IrisRag.", "ALTER TABLE IrisRag.", "CREATE INDEX ", "CREATE UNIQUE INDEX ")
+        )
+        for s in statements
     )
     assert all(";" not in s for s in statements)  # one statement per execute: the driver runs one
 

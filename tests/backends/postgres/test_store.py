@@ -424,8 +424,8 @@ def test_two_stores_on_one_database_see_each_other(postgres_url: str) -> None:
 
 def test_cache_calls_and_stats(store: PostgresStore) -> None:
     vector = np.arange(4, dtype=np.float32)
-    store.cache_embeddings("m", [(b"h1", vector)])
-    store.cache_embeddings("m", [(b"h1", vector + 1)])
+    store.cache_embeddings("m", [(b"h1", vector, None)])
+    store.cache_embeddings("m", [(b"h1", vector + 1, None)])
     cached = store.cached_embeddings("m", [b"h1", b"h2"])
     assert list(cached) == [b"h1"] and cached[b"h1"].tolist() == [1, 2, 3, 4]
     store.record_call(CallRecord(10.0, "rag_basic", "basic", 5.0, True, None))
