@@ -106,7 +106,11 @@ class StoreSpec:
                 return mine.samefile(theirs)  # hard links too
             return mine.resolve() == theirs.resolve()
         if self.backend == "postgres":
-            return _postgres_database(self.location) == _postgres_database(other.location)
+            try:
+                from iris_rag.backends.postgres.store import database_identity  # the postgres extra
+            except ImportError:  # no driver: only an identical spelling is the same
+                return self.location == other.location
+            return database_identity(self.location) == database_identity(other.location)
         return True
 
     def describe(self) -> str:
@@ -149,19 +153,6 @@ def _names_the_file(location: str, path: Path) -> bool:
     if location.endswith(("/", "\\")) or path.is_dir():
         return False
     return path.is_file() or path.suffix.lower() in _SQLITE_SUFFIXES
-
-
-def _postgres_database(url: str) -> tuple[str, str, str]:
-    """(host, port, database) of a PostgreSQL URL, libpq's defaults filled in; the URL as is if unparsable."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict  # the postgres extra
-
-        found = conninfo_to_dict(url)
-    except Exception:  # no driver, or a URL it cannot read: only an identical spelling is the same
-        return (url, "", "")
-    host = str(found.get("host") or "").lower()
-    port = str(found.get("port") or "5432")
-    return host, port, str(found.get("dbname") or found.get("user") or "")
 
 
 @dataclass

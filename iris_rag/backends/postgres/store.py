@@ -15,9 +15,11 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 import orjson
+import psycopg
 from pgvector import Vector
 from pgvector.psycopg import register_vector
 from psycopg import Connection, OperationalError, sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
@@ -120,6 +122,20 @@ POOL_WAIT_S = 5.0
 def ef_search(top_k: int, chunks: int) -> int:
     """hnsw.ef_search for a search of top_k over a collection of this many chunks."""
     return max(MIN_EF_SEARCH, min(MAX_EF_SEARCH, max(2 * top_k, chunks // CHUNKS_PER_CANDIDATE)))
+
+
+def database_identity(url: str) -> tuple[str, str, str]:
+    """(host, port, database) of a PostgreSQL URL, libpq's defaults filled in; the URL as is if unparsable.
+
+    Two URLs with the same identity name one database, whoever logs in (migrate's same-store check).
+    """
+    try:
+        found = conninfo_to_dict(url)
+    except psycopg.Error:  # a URL libpq cannot read: only an identical spelling is the same
+        return (url, "", "")
+    host = str(found.get("host") or "").lower()
+    port = str(found.get("port") or "5432")
+    return host, port, str(found.get("dbname") or found.get("user") or "")
 
 
 def _check_idle(connection: Connection[Row]) -> None:
