@@ -1,5 +1,8 @@
 """The embedded store's contract: replace, delete, transactions, exact search, FTS kept in step."""
 
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +129,60 @@ def test_a_store_written_by_a_newer_release_is_refused_and_left_alone(tmp_path: 
     with pytest.raises(DatabaseConnectionFailedError, match=expected):
         SqliteStore(path)
     assert path.read_bytes() == before  # its version, and everything else, as the newer release left it
+
+
+_SLOW_OPEN = """
+import sys, time
+from pathlib import Path
+from iris_rag.backends.sqlite import store
+
+real = store.SqliteStore._connection
+
+
+class Slow:
+    # A slow disk between reading a table's columns and adding the missing ones.
+    def __init__(self, connection):
+        self._connection = connection
+
+    def __getattr__(self, name):
+        return getattr(self._connection, name)
+
+    def execute(self, sql, *args):
+        found = self._connection.execute(sql, *args)
+        if sql.startswith("PRAGMA table_info(embedding_cache)"):
+            rows = found.fetchall()
+            time.sleep(1.0)
+            return iter(rows)
+        return found
+
+
+store.SqliteStore._connection = lambda self: Slow(real(self))
+store.SqliteStore(Path(sys.argv[1])).close()
+print("opened")
+"""
+
+
+def test_two_processes_opening_an_older_store_at_once_both_start(tmp_path: Path) -> None:
+    """The upgrade tester's race: both found embedding_cache's new columns missing; the second ALTER
+    failed ('duplicate column name') and that server answered DATABASE_CONNECTION_FAILED to every call."""
+    path = tmp_path / "older.sqlite3"
+    SqliteStore(path).close()
+    older = sqlite3.connect(path)
+    for column in ("collection_id", "document_id", "source_hash"):  # as version 9 had it
+        older.execute("DROP INDEX IF EXISTS embedding_cache_by_document")
+        older.execute(f"ALTER TABLE embedding_cache DROP COLUMN {column}")
+    older.execute("PRAGMA user_version = 9")
+    older.close()
+    script = tmp_path / "slow_open.py"
+    script.write_text(_SLOW_OPEN, encoding="utf-8")
+    openers = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outcomes = [opener.communicate(timeout=120) for opener in openers]
+    assert [out.strip() for out, _ in outcomes] == ["opened", "opened"], [err[-600:] for _, err in outcomes]

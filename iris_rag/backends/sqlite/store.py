@@ -64,6 +64,18 @@ T = TypeVar("T")
 
 SCHEMA_VERSION = 10
 
+# Columns later versions added to tables an older store already has: (table, column, type).
+_ADDED_COLUMNS = (
+    ("calls", "principal", "TEXT"),  # version 5: each call record names its caller (HTTP mode)
+    ("calls", "request_id", "TEXT"),  # version 7: the caller's request_id and session_id
+    ("calls", "session_id", "TEXT"),
+    ("collections", "description", "TEXT NOT NULL DEFAULT ''"),  # version 6: rag_update_collection's
+    # version 10: each cached vector names the document it was made for (CacheOwner); older rows none
+    ("embedding_cache", "collection_id", "TEXT"),
+    ("embedding_cache", "document_id", "TEXT"),
+    ("embedding_cache", "source_hash", "BLOB"),
+)
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     id              TEXT PRIMARY KEY,
@@ -439,26 +451,16 @@ class SqliteStore:
         rebuilt from its stored rows and its old tables dropped, in one transaction, so a crash leaves it
         either as it was or done. Idempotent: a collection with its tables is left alone.
         """
-        # Version 5: each call record names its caller (HTTP mode); older records have none.
-        if "principal" not in {row[1] for row in connection.execute("PRAGMA table_info(calls)")}:
-            connection.execute("ALTER TABLE calls ADD COLUMN principal TEXT")
-        # Version 7: each call record keeps the caller's request_id and session_id.
-        calls = {row[1] for row in connection.execute("PRAGMA table_info(calls)")}
-        for column in ("request_id", "session_id"):
-            if column not in calls:
-                connection.execute(f"ALTER TABLE calls ADD COLUMN {column} TEXT")
-        # Version 6: a description a user sets (rag_update_collection).
-        if "description" not in {row[1] for row in connection.execute("PRAGMA table_info(collections)")}:
-            connection.execute("ALTER TABLE collections ADD COLUMN description TEXT NOT NULL DEFAULT ''")
-        # Version 10: each cached vector names the document it was made for (CacheOwner); older rows none.
-        cache = {row[1] for row in connection.execute("PRAGMA table_info(embedding_cache)")}
-        for column, kind in (("collection_id", "TEXT"), ("document_id", "TEXT"), ("source_hash", "BLOB")):
-            if column not in cache:
-                connection.execute(f"ALTER TABLE embedding_cache ADD COLUMN {column} {kind}")
-        connection.execute(
-            "CREATE INDEX IF NOT EXISTS embedding_cache_by_document "
-            "ON embedding_cache(collection_id, document_id)"
-        )
+        # Checked and added under the write lock: two processes opening an older store at once would
+        # otherwise both find a column missing, and the second ALTER fail ("duplicate column name").
+        with self.write_transaction() as writing:
+            for table, column, kind in _ADDED_COLUMNS:
+                if column not in {row[1] for row in writing.execute(f"PRAGMA table_info({table})")}:
+                    writing.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            writing.execute(
+                "CREATE INDEX IF NOT EXISTS embedding_cache_by_document "
+                "ON embedding_cache(collection_id, document_id)"
+            )
         collections = [row[0] for row in connection.execute("SELECT id FROM collections ORDER BY id")]
         for collection_id in collections:
             if not _has_keyword_tables(connection, collection_id):
