@@ -46,6 +46,15 @@ def _value_test(column: sql.Composable, test: tuple[Condition, ...], bind: _Bind
         # its own elements equals the scalar x as jsonb (1 = 1.0; true is not 1; [[x]] does not hold x).
         wrapped = bind([Jsonb([value]) for value in scalars])
         return sql.SQL("(({}) OR ({} AND {} @> ANY({}::jsonb[])))").format(whole, is_array, stored, wrapped)
+    if all(condition.operator in _COMPARE for condition in test):
+        # A range as a JSON path function, not a subquery: the subquery's cost made the planner rank every
+        # chunk by distance before testing any document (a filtered vector search 1.7x slower, scalar
+        # fields too). Path comparisons are typed as the rest (a number only with numbers, a string only
+        # with strings, in code point order as SQLite's).
+        path, variables = _range_path(test)
+        return sql.SQL("(({}) OR ({} AND jsonb_path_exists({}, {}::jsonpath, {}, true)))").format(
+            whole, is_array, stored, bind(path), bind(Jsonb(variables))
+        )
     element = sql.SQL("e.value")
     any_element = sql.SQL(" AND ").join(_condition(element, c, b) for c, b in zip(test, bounds, strict=True))
     # jsonb_array_elements raises on a non-array: the CASE gives it NULL (no elements) in whatever order
@@ -54,6 +63,22 @@ def _value_test(column: sql.Composable, test: tuple[Condition, ...], bind: _Bind
         "(({whole}) OR ({is_array} AND EXISTS (SELECT 1 FROM jsonb_array_elements("
         "CASE WHEN {is_array} THEN {v} END) AS e(value) WHERE {element})))"
     ).format(whole=whole, is_array=is_array, v=stored, element=any_element)
+
+
+def _range_path(test: tuple[Condition, ...]) -> tuple[str, dict[str, Any]]:
+    """A JSON path that holds when one element of an array passes every bound of the test, and its values.
+
+    Strict mode: lax would unwrap an element that is itself a list ([[2020]] would hold 2020; on SQLite
+    it does not). A scalar (the array test comes first, but Postgres may evaluate either side of the AND
+    first) raises in strict mode: the call is silent, so it is only false.
+    """
+    tests: list[str] = []
+    variables: dict[str, Any] = {}
+    for number, condition in enumerate(test):
+        kind = "string" if isinstance(condition.value, str) else "number"
+        variables[f"b{number}"] = condition.value if kind == "string" else float(condition.value)
+        tests.append(f'@.type() == "{kind}" && @ {_COMPARE[condition.operator]} $b{number}')
+    return f"strict $[*] ? ({' && '.join(tests)})", variables
 
 
 def _scalar_candidates(test: tuple[Condition, ...]) -> tuple[Any, ...] | None:
