@@ -42,10 +42,11 @@ def _value_test(column: sql.Composable, test: tuple[Condition, ...], bind: _Bind
     is_array = sql.SQL("jsonb_typeof({}) = 'array'").format(stored)
     scalars = _scalar_candidates(test)
     if scalars is not None:
-        # Membership by containment, 4x faster than walking the elements: an array @> [x] when one of
-        # its own elements equals the scalar x as jsonb (1 = 1.0; true is not 1; [[x]] does not hold x).
-        wrapped = bind([Jsonb([value]) for value in scalars])
-        return sql.SQL("(({}) OR ({} AND {} @> ANY({}::jsonb[])))").format(whole, is_array, stored, wrapped)
+        # One containment test for both: a scalar contains a scalar it equals as jsonb (1 = 1.0; true is
+        # not 1; "2020" is not 2020; null only null), an array a scalar among its own elements ([[x]] does
+        # not hold x). An OR of the equality and an array branch cost scalar fields 1.4x.
+        candidates = bind([Jsonb(value) for value in scalars])
+        return sql.SQL("({} @> ANY({}::jsonb[]))").format(stored, candidates)
     if all(condition.operator in _COMPARE for condition in test):
         # A range as a JSON path function, not a subquery: the subquery's cost made the planner rank every
         # chunk by distance before testing any document (a filtered vector search 1.7x slower, scalar
