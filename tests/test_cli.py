@@ -150,21 +150,24 @@ def test_ingest_says_a_symlinked_subfolder_is_not_followed(
     assert f"skipped {tmp_path / 'b' / 'shared'}: a symlink to a folder outside this one; not followed" in err
 
 
+class _NoService:
+    """Stands for RagService where a command's handler is replaced: nothing to open or close."""
+
+    def __init__(self, *_args: object, **_kwargs: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def test_ctrl_c_prints_one_line_and_exits_130(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    class Service:
-        def __init__(self, *_args: object, **_kwargs: object) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
     def interrupted(_args: object, _service: object) -> int:
         raise KeyboardInterrupt
 
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(cli, "RagService", Service)
+    monkeypatch.setattr(cli, "RagService", _NoService)
     monkeypatch.setattr(cli, "cmd_ingest", interrupted)
     assert cli.main(["ingest", str(tmp_path), "--collection", "c"]) == 130
     out, err = capsys.readouterr()
@@ -243,13 +246,6 @@ def test_a_store_that_cannot_be_written_is_one_line_not_a_traceback(
 ) -> None:
     """A full disk under `iris-rag ingest` printed SQLite's traceback; MCP calls already got one code."""
 
-    class Service:
-        def __init__(self, *_args: object, **_kwargs: object) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
     def unwritable(_args: object, _service: object) -> int:
         connection = sqlite3.connect(":memory:")
         connection.execute("CREATE TABLE t (x)")
@@ -258,7 +254,7 @@ def test_a_store_that_cannot_be_written_is_one_line_not_a_traceback(
         return 0
 
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setattr(cli, "RagService", Service)
+    monkeypatch.setattr(cli, "RagService", _NoService)
     monkeypatch.setattr(cli, "cmd_ingest", unwritable)
     assert cli.main(["ingest", str(tmp_path), "--collection", "c"]) == 2
     err = capsys.readouterr().err
