@@ -26,6 +26,7 @@ from iris_rag.stores.base import (
     DocumentInput,
     DocumentStore,
     NewCollection,
+    cache_key,
     check_collection_id,
     check_embedding_model,
     document_source,
@@ -281,8 +282,8 @@ class Ingestor:
         are read too (a reindex after a restricted key's ingest embeds nothing again).
         """
         model = self.settings.embedding_model_id
-        scoped = [_cache_key(text, collection_id) for text in texts]
-        hashes = scoped if private else [_cache_key(text) for text in texts]
+        scoped = [cache_key(text, collection_id) for text in texts]
+        hashes = scoped if private else [cache_key(text) for text in texts]
         wanted = set(hashes) if private else {*hashes, *scoped}
         cached = self.store.cached_embeddings(model, list(wanted))
         for key, own in zip(hashes, scoped, strict=True):
@@ -338,12 +339,3 @@ def stored_id(document: SourceDocument) -> str:
 
 def _content_id(content: str) -> str:
     return "doc-" + hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def _cache_key(text: str, collection_id: str = "") -> bytes:
-    """The embedding cache's key of a text: shared, or one collection's own.
-
-    Texts hold no NUL (dropped at ingest), so the two kinds never meet.
-    """
-    prefix = f"{collection_id}\x00" if collection_id else ""
-    return hashlib.sha256(f"{prefix}{text}".encode()).digest()[:16]

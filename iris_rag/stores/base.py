@@ -353,6 +353,15 @@ class CacheOwner:
         return cls(collection_id, document.id, document_source(document.title, document.content))
 
 
+def cache_key(text: str, collection_id: str = "") -> bytes:
+    """The embedding cache's key for a text: shared by every collection, or one collection's own.
+
+    Texts hold no NUL (dropped at ingest), so the two kinds never meet.
+    """
+    prefix = f"{collection_id}\x00" if collection_id else ""
+    return hashlib.sha256(f"{prefix}{text}".encode()).digest()[:16]
+
+
 def document_source(title: str, content: str) -> bytes:
     """The hash of a document's title and content: every text the cache holds for it derives from them."""
     text = f"{title}\x00{content}".encode("utf-8", "surrogatepass")

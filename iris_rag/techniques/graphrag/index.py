@@ -22,7 +22,6 @@ Tables (every row carries its collection):
 from __future__ import annotations
 
 import bisect
-import hashlib
 import logging
 import math
 from collections import Counter, defaultdict
@@ -41,7 +40,7 @@ from iris_rag.encoder import TextEncoder
 from iris_rag.retrieval import vocabulary
 from iris_rag.settings import Settings
 from iris_rag.stores.appended import Column
-from iris_rag.stores.base import CacheItem, CacheOwner, DocumentInput, DocumentStore
+from iris_rag.stores.base import CacheItem, CacheOwner, DocumentInput, DocumentStore, cache_key
 from iris_rag.stores.versioned import VersionedCache, update_limit
 from iris_rag.techniques.graphrag.extraction import (
     ChatClient,
@@ -88,11 +87,6 @@ def _min_documents(entities: int) -> int:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def text_hash(text: str) -> bytes:
-    """The embedding cache's key for a text (as the ingestor computes it)."""
-    return hashlib.sha256(text.encode("utf-8")).digest()[:16]
 
 
 def _batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
@@ -533,7 +527,7 @@ class KnowledgeGraphIndex:
         if not owner_of:
             return {}
         model = self.settings.embedding_model_id
-        hashes = {text_hash(n): n for n in owner_of}
+        hashes = {cache_key(n): n for n in owner_of}
         cached = self.store.cached_embeddings(model, list(hashes))
         vectors = {hashes[h]: vector for h, vector in cached.items()}
         fresh = [(h, n) for h, n in hashes.items() if h not in cached]

@@ -34,11 +34,11 @@ from rapidfuzz import fuzz, process
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.pipeline import Pipeline, PipelineContext, QueryOptions, Retrieval, RetrievedDocument
-from iris_rag.stores.base import CollectionInfo
+from iris_rag.stores.base import CollectionInfo, cache_key
 from iris_rag.stores.filters import parse_filters
 from iris_rag.stores.technique_index import TechniqueIndex
 from iris_rag.techniques.graphrag.extraction import GENERIC, STOPWORDS, RuleExtractor, entity_key
-from iris_rag.techniques.graphrag.index import EntityTable, KnowledgeGraphIndex, text_hash
+from iris_rag.techniques.graphrag.index import EntityTable, KnowledgeGraphIndex
 from iris_rag.techniques.graphrag.storage import EntityRow, RelationRow
 from iris_rag.validation import validate_arguments
 
@@ -512,7 +512,7 @@ class GraphRagPipeline(Pipeline):
         query_vector = embedder.encode_query_async(query)
         vectors = np.zeros((len(phrases), embedder.dimension), dtype=np.float32)
         if phrases:
-            hashes = [text_hash(phrase) for phrase in phrases]
+            hashes = [cache_key(phrase) for phrase in phrases]
             cached = self.context.store.cached_embeddings(self.context.settings.embedding_model_id, hashes)
             missing = [i for i, h in enumerate(hashes) if h not in cached]
             for i, h in enumerate(hashes):

@@ -11,7 +11,6 @@ its leaves (an extractive summary chosen at ingest), which is what an ancestor c
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iris_rag.encoder import TextEncoder
-from iris_rag.stores.base import CacheItem, CacheOwner, ChunkInput, DocumentInput, DocumentStore
+from iris_rag.stores.base import CacheItem, CacheOwner, ChunkInput, DocumentInput, DocumentStore, cache_key
 from iris_rag.stores.technique_index import ChunkEncoding
 from iris_rag.stores.versioned import VersionedCache, update_limit
 from iris_rag.techniques.noderag.storage import (
@@ -412,7 +411,7 @@ class NodeTreeIndex:
 
         `owners`: each text's document, which owns its cached vector (the first, for a text repeated).
         """
-        hashes = [hashlib.sha256(text.encode("utf-8")).digest()[:16] for text in texts]
+        hashes = [cache_key(text) for text in texts]
         cached = self.store.cached_embeddings(self.model_name, list(set(hashes)))
         missing: dict[bytes, tuple[str, CacheOwner]] = {}
         for h, text, owner in zip(hashes, texts, owners, strict=True):

@@ -15,7 +15,8 @@ from iris_rag.errors import InvalidParametersError, RequestCancelledError
 from iris_rag.schemas import tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
-from iris_rag.techniques.graphrag.index import EntityTable, text_hash
+from iris_rag.stores.base import cache_key
+from iris_rag.techniques.graphrag.index import EntityTable
 from iris_rag.techniques.graphrag.pipeline import (
     FuzzyKeys,
     GraphRagPipeline,
@@ -411,9 +412,9 @@ def test_first_graph_call_after_ingest_encodes_only_the_query(
         assert phrases
         # The query as a query (remembered for the answer); its phrases that the ingest embedded (as
         # mention names) come from the embedding cache, the others in one batch; no entity name.
-        cached = cold.store.cached_embeddings(settings.embedding_model_id, [text_hash(p) for p in phrases])
+        cached = cold.store.cached_embeddings(settings.embedding_model_id, [cache_key(p) for p in phrases])
         assert cached, "the question names an entity of the documents: its vector was cached at ingest"
-        unknown = [p for p in phrases if text_hash(p) not in cached]
+        unknown = [p for p in phrases if cache_key(p) not in cached]
         assert spy.asked == [QUESTION] and spy.texts == ([unknown] if unknown else [])
     finally:
         cold.close()
