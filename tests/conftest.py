@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -177,3 +178,13 @@ def any_service(request: pytest.FixtureRequest, tmp_path: Path, embedder: Embedd
     rag = RagService(_backend_settings(request, tmp_path), embedder=embedder)
     yield rag
     rag.close()
+
+
+def raise_unwritable_store() -> NoReturn:
+    """Raise SQLite's own error for a store it cannot write (SQLITE_READONLY, as a full disk's class)."""
+    connection = sqlite3.connect(":memory:")
+    connection.execute("CREATE TABLE t (x)")
+    connection.execute("PRAGMA query_only = 1")
+    connection.execute("INSERT INTO t VALUES (1)")
+    msg = "SQLite wrote to a query_only connection"
+    raise AssertionError(msg)

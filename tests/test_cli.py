@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
 import orjson
@@ -13,6 +12,7 @@ from iris_rag import cli
 from iris_rag.cli import build_parser
 from iris_rag.errors import InvalidParametersError
 from iris_rag.service import RagService
+from tests.conftest import raise_unwritable_store
 from tests.deadline import release_fifo, within
 
 
@@ -247,11 +247,7 @@ def test_a_store_that_cannot_be_written_is_one_line_not_a_traceback(
     """A full disk under `iris-rag ingest` printed SQLite's traceback; MCP calls already got one code."""
 
     def unwritable(_args: object, _service: object) -> int:
-        connection = sqlite3.connect(":memory:")
-        connection.execute("CREATE TABLE t (x)")
-        connection.execute("PRAGMA query_only = 1")  # SQLite's own SQLITE_READONLY, as a full disk's
-        connection.execute("INSERT INTO t VALUES (1)")
-        return 0
+        raise_unwritable_store()
 
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setattr(cli, "RagService", _NoService)

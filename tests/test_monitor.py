@@ -13,6 +13,7 @@ from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.monitor import Monitor
 from iris_rag.service import RagService
 from iris_rag.stores.base import CallRecord
+from tests.conftest import raise_unwritable_store
 
 
 def test_windows_percentiles_and_restart(tmp_path: Path) -> None:
@@ -104,10 +105,7 @@ def test_a_store_that_cannot_be_written_costs_one_log_line_per_record(
     store = SqliteStore(tmp_path / "db.sqlite3")
 
     def full(_record: CallRecord) -> None:
-        connection = sqlite3.connect(":memory:")
-        connection.execute("CREATE TABLE t (x)")
-        connection.execute("PRAGMA query_only = 1")  # SQLite's own SQLITE_READONLY, as a full disk's
-        connection.execute("INSERT INTO t VALUES (1)")
+        raise_unwritable_store()
 
     monkeypatch.setattr(store, "record_call", full)
     monitor = Monitor(store)
