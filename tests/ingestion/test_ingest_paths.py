@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from iris_rag.embedder import Embedder
 from iris_rag.errors import ForbiddenError, InvalidParametersError
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
+from tests.conftest import raise_unwritable_store
 from tests.deadline import release_fifo, within
 from tests.ingestion.make_files import write_docx, write_pdf
 from tests.ingestion.test_loaders import unreadable
@@ -124,6 +126,38 @@ def test_a_path_outside_the_roots_refuses_the_whole_call(any_service: RagService
     for path in [outside, docs / ".." / "elsewhere.txt"]:
         with pytest.raises(InvalidParametersError, match="outside RAG_INGEST_ROOTS"):
             any_service.ingest({"collection_id": "files", "paths": [str(docs / "notes.md"), str(path)]})
+    assert any_service.list_collections({})["collections"] == []
+
+
+def test_an_ingest_that_stores_nothing_leaves_no_new_collection(
+    any_service: RagService, docs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused or failed rag_ingest naming a new collection leaves none behind, listed and empty."""
+    (docs / "broken.pdf").write_bytes(b"%PDF-1.7\nnot a pdf at all")
+    (docs / "blank.txt").write_text("   \n", encoding="utf-8")
+    reader = Principal("reader", frozenset({"read"}), None)
+    calls: list[tuple[dict[str, Any], Principal | None]] = [
+        ({"paths": [str(docs / "missing.md")]}, None),
+        ({"paths": [str(docs / "broken.pdf"), str(docs / "blank.txt")]}, None),
+        ({"paths": [str(docs / "notes.md")]}, reader),
+        ({"documents": [{"content": "  "}, {"id": "", "content": "No id."}]}, None),
+    ]
+    for arguments, principal in calls:
+        with principal_scope(principal):
+            try:
+                result = any_service.ingest({"collection_id": "new", **arguments})
+            except (InvalidParametersError, ForbiddenError):
+                pass
+            else:
+                assert result["ingested_count"] == 0 and result["errors"], result
+        assert any_service.list_collections({})["collections"] == [], arguments
+
+    # A failure inside the commit (a technique index's write) rolls the new collection back with it.
+    views = any_service.pipelines["sqlrag"].technique_index()
+    assert views is not None
+    monkeypatch.setattr(views, "write", lambda *_: raise_unwritable_store())
+    with pytest.raises(sqlite3.Error):
+        any_service.ingest({"collection_id": "new", "paths": [str(docs / "notes.md")]})
     assert any_service.list_collections({})["collections"] == []
 
 

@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -522,15 +523,26 @@ class SqlRagPipeline(Pipeline):
 
     def _ingest(self, table: str, raw: RawTable, collection_id: str | None, source: str) -> dict[str, Any]:
         access.require_writable(collection_id)
+        create_collection = None
         if collection_id is not None and self.context.store.get_collection(collection_id) is None:
-            # As rag_ingest: a collection is made on first use (a key may write to it, checked above).
+            # As rag_ingest: a collection is made on first use (a key may write to it, checked above), in
+            # the table's own transaction: a refused table leaves none.
             check_collection_id(collection_id)
-            settings = self.context.settings
-            self.context.store.create_collection(
-                collection_id, settings.embedding_model_id, self.context.embedder.dimension
+            create_collection = partial(
+                self.context.store.create_collection,
+                collection_id,
+                self.context.settings.embedding_model_id,
+                self.context.embedder.dimension,
             )
         started = time.perf_counter()
-        result = ingest_table(self._storage, table, raw, collection_id=collection_id, source=source)
+        result = ingest_table(
+            self._storage,
+            table,
+            raw,
+            collection_id=collection_id,
+            source=source,
+            create_collection=create_collection,
+        )
         return {**result, "time_ms": round((time.perf_counter() - started) * 1000, 3)}
 
     def ingest_table_file(self, path: Path, table: str, collection_id: str | None) -> dict[str, Any]:

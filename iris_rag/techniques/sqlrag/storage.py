@@ -181,13 +181,14 @@ class StructuredTableStorage(Protocol):
     """Structured tables and documents views of one store, and read-only SELECTs over them.
 
     save_view() runs in the caller's transaction (the ingest's, or transaction()); replace_table() runs in
-    a transaction of its own. Registry reads see the calling thread's open transaction.
+    a transaction of its own, or in the caller's transaction(). Registry reads see the calling thread's open
+    transaction.
     """
 
     dialect: str  # the sqlglot dialect statements are parsed and rendered in
 
     def transaction(self) -> AbstractContextManager[None]:
-        """A write transaction of its own: committed on exit, rolled back on an exception."""
+        """A write transaction: committed on exit, rolled back on an exception; it joins one already open."""
 
     def list_tables(self) -> list[TableInfo]:
         """Every registered table and view, tables first, by name."""

@@ -9,7 +9,7 @@ module decides types, names and columns; the backend stores them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime
 from pathlib import Path
@@ -360,12 +360,20 @@ def ingest_table(
     *,
     collection_id: str | None,
     source: str,
+    create_collection: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
-    """Create or replace t_<table> with the rows, and register it, in one transaction."""
+    """Create or replace t_<table> with the rows, and register it, in one transaction.
+
+    `create_collection`: makes the table's collection, new on this call, in that same transaction, so a
+    refused or failed table leaves no empty collection behind (as a first rag_ingest).
+    """
     sql_name = table_sql_name(table)
     columns, rows = build_table(raw)
     new = NewTable(sql_name, table.lower(), collection_id, columns, rows, source)
-    info, replaced = storage.replace_table(new, lambda existing: check_replace(existing, collection_id))
+    with storage.transaction():
+        if create_collection is not None:
+            create_collection()
+        info, replaced = storage.replace_table(new, lambda existing: check_replace(existing, collection_id))
     return {
         "table": info.source_name,
         "sql_name": sql_name,

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from iris_rag.access import Principal
 from iris_rag.cli import build_parser, cmd_ingest_table
 from iris_rag.embedder import Embedder
 from iris_rag.errors import InvalidParametersError, SqlRejectedError
@@ -17,7 +18,8 @@ from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.techniques.sqlrag.pipeline import SQL_DOCUMENT_ID, SqlRagPipeline, extract_sql
 from iris_rag.techniques.sqlrag.safety import MAX_RESULT_BYTES
-from tests.conftest import DOCUMENTS
+from iris_rag.worker.dispatch import Dispatcher
+from tests.conftest import DOCUMENTS, raise_unwritable_store
 from tests.fake_openai import FakeOpenAIServer
 
 SALES = [
@@ -386,6 +388,60 @@ def test_cli_ingest_table(
     }
     result = sqlrag(sql_service, params={"sql": "SELECT sum(total) FROM t_orders"})
     assert specific(result)["rows"] == [[12.5]]
+
+
+def test_a_refused_table_leaves_no_new_collection_behind(
+    any_service: RagService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused rag_ingest_table (or `iris-rag ingest-table`) that names a new collection leaves none.
+
+    The collection was created before the table was checked: each refusal below left it, empty, listed.
+    """
+    dispatcher = Dispatcher(any_service)
+    pipeline = pipeline_of(any_service)
+    pipeline.ingest_table({"table": "pay", "collection_id": "secret", "rows": [{"who": "bob"}]})
+    pipeline.ingest_table({"table": "shared", "rows": [{"who": "everyone"}]})
+
+    def collections() -> list[str]:
+        return [c.id for c in any_service.store.list_collections()]
+
+    before = collections()
+    assert before == ["secret"]
+    grantee = Principal("bob", frozenset({"read", "write"}), frozenset({"granted"}))
+    reader = Principal("reader", frozenset({"read"}), None)
+    rows = [{"who": "eve"}]
+    refusals: list[tuple[dict[str, Any], Principal | None, str]] = [
+        ({"table": "pay", "collection_id": "new1", "rows": rows}, None, "INVALID_PARAMETERS"),
+        ({"table": "shared", "collection_id": "new2", "rows": rows}, None, "INVALID_PARAMETERS"),
+        ({"table": "pay", "collection_id": "granted", "rows": rows}, grantee, "FORBIDDEN"),
+        ({"table": "mine", "collection_id": "new3", "rows": rows}, reader, "FORBIDDEN"),
+        ({"table": "header", "collection_id": "new4", "csv": "a,b\n"}, None, "INVALID_PARAMETERS"),
+        ({"table": "bad", "collection_id": "new5", "csv": "a,b\n1,2,3\n"}, None, "INVALID_PARAMETERS"),
+        ({"table": "blank", "collection_id": "new6", "rows": [{}]}, None, "INVALID_PARAMETERS"),
+        (
+            {"table": "wide", "collection_id": "new7", "rows": [{f"c{i}": i for i in range(201)}]},
+            None,
+            "INVALID_PARAMETERS",
+        ),
+    ]
+    for arguments, principal, code in refusals:
+        ok, answer = dispatcher.call("ingest_table", arguments, principal)
+        assert not ok and answer["code"] == code, (arguments, answer)
+        assert collections() == before, arguments
+
+    # The CLI's path: a file that cannot be read or holds no rows, a bad table name.
+    (tmp_path / "header.csv").write_text("a,b\n", encoding="utf-8")
+    (tmp_path / "empty.csv").write_text("", encoding="utf-8")
+    (tmp_path / "good.csv").write_text("a\n1\n", encoding="utf-8")
+    for name, table in (("header.csv", "t"), ("empty.csv", "t"), ("missing.csv", "t"), ("good.csv", "1bad")):
+        with pytest.raises(InvalidParametersError):
+            pipeline.ingest_table_file(tmp_path / name, table, "new8")
+        assert collections() == before, name
+
+    # A store that fails while writing the table rolls the new collection back with it.
+    monkeypatch.setattr(pipeline._storage, "replace_table", lambda *_: raise_unwritable_store())
+    ok, answer = dispatcher.call("ingest_table", {"table": "t", "collection_id": "new9", "rows": rows})
+    assert not ok and collections() == before, answer
 
 
 def test_extract_sql_from_llm_replies() -> None:
