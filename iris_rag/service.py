@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,10 @@ from iris_rag.text import without_nul
 from iris_rag.validation import validate_arguments
 
 logger = logging.getLogger(__name__)
+
+# The SQLite store's disk reads degraded below this much free space, or 5% of a disk smaller than 20 GiB.
+DISK_FREE_FLOOR = 1 << 30
+DISK_FREE_SHARE = 0.05
 
 
 def _cacheable(technique: str, request: TechniqueRequest) -> bool:
@@ -552,7 +557,31 @@ class RagService:
 
     def _check_database(self) -> tuple[str, str | None, dict[str, Any]]:
         self.store.ping()
-        return "healthy", None, {"backend": self.store.backend_name}
+        details: dict[str, Any] = {"backend": self.store.backend_name}
+        # A PostgreSQL or IRIS server's disk is on its own host, out of this process's sight.
+        if self.store.backend_name != "sqlite":
+            return "healthy", None, details
+        return self._check_disk(details)
+
+    def _check_disk(self, details: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+        """SQLite's disk: degraded under DISK_FREE_FLOOR free (5% of a smaller disk), before writes fail.
+
+        A full disk fails every write (ingests, call records) while reads and the ping still answer.
+        """
+        usage = shutil.disk_usage(self.settings.data_dir)
+        floor = min(DISK_FREE_FLOOR, int(usage.total * DISK_FREE_SHARE))
+        # Where the server keeps its files is the operator's (as in the vector store's details).
+        operator = access.sees_everything()
+        if operator:
+            details |= {"data_dir": str(self.settings.data_dir), "disk_free_bytes": usage.free}
+        if usage.free >= floor:
+            return "healthy", None, details
+        where = f"RAG_DATA_DIR ({self.settings.data_dir})" if operator else "RAG_DATA_DIR"
+        reason = (
+            f"{usage.free >> 20} MiB free on the disk of {where}, under {floor >> 20} MiB: the store "
+            "cannot write (ingests, call records) once it is full; free space there or move RAG_DATA_DIR"
+        )
+        return "degraded", reason, details
 
     def _check_worker(self) -> tuple[str, str | None, dict[str, Any]]:
         return (

@@ -1,11 +1,14 @@
 """Ingestion and the collection tools through the service (what the worker calls)."""
 
 import json
+import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from iris_rag.access import Principal, principal_scope
 from iris_rag.embedder import Embedder
 from iris_rag.errors import DocumentNotFoundError, InvalidParametersError
 from iris_rag.service import RagService
@@ -214,3 +217,45 @@ def test_health_asks_an_unreachable_database_once(
     assert health["status"] == "unhealthy"
     assert health["components"]["vector_store"]["status"] == "unhealthy"
     assert "performance" not in health
+
+
+class DiskUsage(NamedTuple):
+    """shutil.disk_usage's answer."""
+
+    total: int
+    used: int
+    free: int
+
+
+def test_health_is_degraded_when_the_sqlite_disk_is_nearly_full(
+    loaded_service: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report read healthy while SQLite's disk was full and every write failed; it names what is free."""
+    gib = 1 << 30
+    disk: dict[str, int] = {"total": 500 * gib, "free": 200 * gib}
+
+    def usage(path: str | Path) -> DiskUsage:
+        assert Path(path) == loaded_service.settings.data_dir
+        return DiskUsage(disk["total"], disk["total"] - disk["free"], disk["free"])
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    health = loaded_service.health_check({"include_details": True})
+    assert health["status"] == "healthy", health
+    assert health["components"]["database"]["details"]["disk_free_bytes"] == 200 * gib
+
+    disk["free"] = 300 << 20  # under 1 GiB (5% of this disk is more)
+    health = loaded_service.health_check({"include_details": True})
+    database = health["components"]["database"]
+    assert health["status"] == database["status"] == "degraded"
+    message = database["error_message"]
+    assert "300 MiB free" in message and str(loaded_service.settings.data_dir) in message, message
+    # A small disk's floor is 5% of it: 300 MiB free of 4 GiB is enough.
+    disk["total"] = 4 * gib
+    assert loaded_service.health_check({})["status"] == "healthy"
+    disk["free"] = 100 << 20
+    assert loaded_service.health_check({})["status"] == "degraded"
+    # A key granted some collections is told the disk is nearly full, not where the server keeps its files.
+    with principal_scope(Principal("other", frozenset({"read"}), frozenset({"docs"}))):
+        database = loaded_service.health_check({"include_details": True})["components"]["database"]
+    assert database["status"] == "degraded" and "RAG_DATA_DIR" in database["error_message"]
+    assert str(loaded_service.settings.data_dir) not in json.dumps(database)
