@@ -110,7 +110,7 @@ def main() -> int:
     if args.limit_queries:
         dataset = dataset.limited(args.limit_queries)
     collection_id = collection_name(dataset.name, settings.chunk_size, settings.chunk_overlap)
-    ensure_collection(service, dataset, collection_id, chunk_size=settings.chunk_size)
+    ensure_collection(service, dataset, collection_id, chunking=(settings.chunk_size, settings.chunk_overlap))
     service.embedder.wait_ready()
     pipeline = service.pipelines["crag"]
     assert isinstance(pipeline, CragPipeline)

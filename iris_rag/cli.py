@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -248,6 +249,18 @@ def cmd_health(args: argparse.Namespace, service: RagService) -> int:
     return 1 if report["status"] == "unhealthy" else 0
 
 
+def _require_writable_folder(folder: Path) -> None:
+    """Make the folder (and its parents) or refuse, naming it, unless this process may write in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"cannot write to {folder}: {exc.strerror or exc}"
+        raise InvalidParametersError(msg) from exc
+    if not os.access(folder, os.W_OK | os.X_OK):
+        msg = f"cannot write to {folder}: permission denied"
+        raise InvalidParametersError(msg)
+
+
 def cmd_eval(args: argparse.Namespace, service: RagService) -> int:
     """Score techniques on a BEIR folder: a table on stdout, progress on stderr, the report with --out."""
     # Imported here so that the other commands never load pytrec_eval.
@@ -256,22 +269,40 @@ def cmd_eval(args: argparse.Namespace, service: RagService) -> int:
     from iris_rag.evaluation import harness, techniques
     from iris_rag.evaluation.beir import load_beir
     from iris_rag.evaluation.collection import collection_name
+    from iris_rag.evaluation.metrics import DEEPEST_CUTOFF
     from iris_rag.evaluation.report import format_table, machine, write_report
 
     # Like the other commands, wait for the model first: an interpreter exiting on an early error while the
     # model still loads in the background prints a spurious traceback.
     service.embedder.wait_ready()
-    if args.k < 1 or (args.limit_queries is not None and args.limit_queries < 1):
-        msg = "--k and --limit-queries must be at least 1"
+    if args.k < DEEPEST_CUTOFF:
+        msg = (
+            f"--k must be at least {DEEPEST_CUTOFF}: Recall@{DEEPEST_CUTOFF} needs that many documents ranked"
+        )
+        raise InvalidParametersError(msg)
+    if args.limit_queries is not None and args.limit_queries < 1:
+        msg = "--limit-queries must be at least 1"
         raise InvalidParametersError(msg)
     specs = techniques.resolve(args.techniques, service.pipelines, techniques.parse_params(args.params))
+    runs = Path(args.runs) if args.runs else None
+    # Before the run, which can take an hour: a report it cannot write would be lost at its end.
+    for folder in (Path(args.out).parent if args.out else None, runs):
+        if folder is not None:
+            _require_writable_folder(folder)
     dataset = load_beir(Path(args.dataset), args.split)
+    if dataset.duplicate_ids:
+        shown_ids = ", ".join(dataset.duplicate_ids[:5])
+        print(
+            f"eval: {len(dataset.duplicate_ids)} corpus ids are on more than one line ({shown_ids}); "
+            "the last line of each is the document, as in BEIR's loader",
+            file=sys.stderr,
+        )
     if args.limit_queries is not None:
         dataset = dataset.limited(args.limit_queries)
     chunk_size = service.settings.chunk_size if args.chunk_size is None else args.chunk_size
     collection = args.collection or collection_name(dataset.name, chunk_size, service.settings.chunk_overlap)
     report = harness.evaluate(
-        service, dataset, specs, k=args.k, collection_id=collection, chunk_size=chunk_size
+        service, dataset, specs, k=args.k, collection_id=collection, chunk_size=chunk_size, runs=runs
     )
     command = ["iris-rag", "eval", "--dataset", args.dataset, "--techniques", args.techniques]
     command += ["--k", str(args.k), "--split", args.split]
@@ -279,6 +310,7 @@ def cmd_eval(args: argparse.Namespace, service: RagService) -> int:
     command += ["--limit-queries", str(args.limit_queries)] if args.limit_queries else []
     command += [f"--params={item}" for item in args.params]
     command += ["--collection", args.collection] if args.collection else []
+    command += ["--runs", args.runs] if args.runs else []
     report |= {"command": shlex.join(command), "machine": machine()}
     print(format_table(report["techniques"]))
     if args.out:
@@ -389,8 +421,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score techniques on a BEIR folder (nDCG@10, recall, MRR@10)")
     evaluate.add_argument("--dataset", required=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/")
     evaluate.add_argument("--techniques", default="basic", help="comma-separated names, or all")
-    evaluate.add_argument("--k", type=int, default=100, help="documents ranked per query")
+    evaluate.add_argument("--k", type=int, default=100, help="documents ranked per query, at least 100")
     evaluate.add_argument("--out", default=None, help="write the report as JSON here")
+    evaluate.add_argument(
+        "--runs",
+        default=None,
+        metavar="DIR",
+        help="write each technique's ranking as a TREC run file, DIR/<technique>.run, and DIR/qrels.txt",
+    )
     evaluate.add_argument(
         "--split", default="test", help="qrels/<split>.tsv (train for tuning, test to report)"
     )

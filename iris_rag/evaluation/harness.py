@@ -6,6 +6,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from iris_rag.errors import InvalidParametersError
 from iris_rag.evaluation.beir import BeirDataset
 from iris_rag.evaluation.collection import ensure_collection
 from iris_rag.evaluation.metrics import score_run
+from iris_rag.evaluation.report import QRELS_FILE, write_qrels, write_run
 from iris_rag.evaluation.techniques import TechniqueSpec
 from iris_rag.pipeline import Pipeline, QueryOptions, RetrievedDocument
 from iris_rag.service import RagService
@@ -121,6 +123,20 @@ def summarize(dataset: BeirDataset, run: TechniqueRun) -> dict[str, Any]:
     }
 
 
+def check_trec_ids(dataset: BeirDataset) -> None:
+    """Refuse ids a TREC file cannot hold: its columns are separated by whitespace."""
+    ids = [
+        *dataset.qrels,
+        *(d for docs in dataset.qrels.values() for d in docs),
+        *(str(d.id) for d in dataset.corpus),
+    ]
+    spaced = [i for i in ids if not i or any(c.isspace() for c in i)]
+    if spaced:
+        example = ", ".join(map(repr, spaced[:3]))
+        msg = f"--runs: {len(spaced)} ids are empty or hold whitespace (e.g. {example}): a TREC file cannot"
+        raise InvalidParametersError(msg)
+
+
 def evaluate(
     service: RagService,
     dataset: BeirDataset,
@@ -129,26 +145,37 @@ def evaluate(
     k: int,
     collection_id: str,
     chunk_size: int,
+    chunk_overlap: int | None = None,
+    runs: Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Ingest the corpus if needed, run each technique over every query, and return the report."""
+    """Ingest the corpus if needed, run each technique over every query, and return the report.
+
+    `runs`: a folder to write each technique's ranking to as a TREC run file, with the qrels scored.
+    """
     for spec in specs:
         validate_params(service, spec)  # a typo in --params fails now, not after a long ingest
-    ingested = ensure_collection(
+    if runs is not None:
+        check_trec_ids(dataset)
+    chunking = service.ingestor.chunking(chunk_size, chunk_overlap)
+    prepared = ensure_collection(
         service,
         dataset,
         collection_id,
-        chunk_size=chunk_size,
+        chunking=chunking,
         progress=progress,
         techniques=[spec.base for spec in specs],
     )
     service.embedder.wait_ready()
-    techniques = {
-        spec.name: summarize(
-            dataset, run_technique(service, spec, collection_id, dataset.queries, k, progress=progress)
-        )
-        for spec in specs
-    }
+    chunk_size_used, chunk_overlap_used = prepared.chunking or (None, None)
+    if runs is not None:
+        write_qrels(runs / QRELS_FILE, dataset.qrels)
+    techniques = {}
+    for spec in specs:
+        run = run_technique(service, spec, collection_id, dataset.queries, k, progress=progress)
+        if runs is not None:
+            write_run(runs / f"{spec.name}.run", spec.name, run.rankings)
+        techniques[spec.name] = summarize(dataset, run)
     return {
         "dataset": dataset.name,
         "documents": len(dataset.corpus),
@@ -157,8 +184,12 @@ def evaluate(
         "split": dataset.split,
         "k": k,
         "collection": collection_id,
-        "chunk_size": chunk_size,
-        "documents_ingested": ingested,
+        # null when the collection holds documents whose chunking eval did not record
+        "chunk_size": chunk_size_used,
+        "chunk_overlap": chunk_overlap_used,
+        "documents_ingested": prepared.ingested,
+        "duplicate_corpus_ids": len(dataset.duplicate_ids),
+        "unjudged_queries": dataset.unjudged_queries,
         "embedding_model": service.settings.embedding_model_id,
         "technique_params": {spec.name: {"technique": spec.base, "params": spec.params} for spec in specs},
     }

@@ -1,4 +1,4 @@
-"""trec_eval's measures through pytrec_eval (as BEIR computes them), averaged over the judged queries."""
+"""trec_eval's measures through pytrec_eval (as BEIR computes them), averaged over every query in qrels."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from iris_rag.evaluation.beir import Qrels
 # Report key → the pytrec_eval result key; MRR@10 comes from a second pass over the top 10 (see score_run).
 MEASURES = {"ndcg@10": "ndcg_cut_10", "recall@10": "recall_10", "recall@100": "recall_100"}
 MRR_DEPTH = 10
+# The deepest cutoff measured (Recall@100): a shallower ranking would understate it.
+DEEPEST_CUTOFF = 100
 
 
 def score_run(qrels: Qrels, rankings: dict[str, list[str]]) -> dict[str, float]:
@@ -31,8 +33,8 @@ def score_queries(qrels: Qrels, rankings: dict[str, list[str]]) -> dict[str, dic
     full = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.10", "recall.100"})
     # trec_eval's recip_rank looks at the whole run; over the run cut at 10 it is exactly MRR@10.
     top = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"})
-    measured: dict[str, dict[str, Any]] = full.evaluate(_run(rankings, None))
-    reciprocal: dict[str, dict[str, Any]] = top.evaluate(_run(rankings, MRR_DEPTH))
+    measured: dict[str, dict[str, Any]] = full.evaluate(run_scores(rankings, None))
+    reciprocal: dict[str, dict[str, Any]] = top.evaluate(run_scores(rankings, MRR_DEPTH))
     return {
         query: {
             **{key: float(values[name]) for key, name in MEASURES.items()},
@@ -42,8 +44,11 @@ def score_queries(qrels: Qrels, rankings: dict[str, list[str]]) -> dict[str, dic
     }
 
 
-def _run(rankings: dict[str, list[str]], depth: int | None) -> dict[str, dict[str, float]]:
-    # trec_eval sorts by score (ties broken by document id), so scores come from rank: the order is exact.
+def run_scores(rankings: dict[str, list[str]], depth: int | None = None) -> dict[str, dict[str, float]]:
+    """Each query's ranked documents with a score from its rank, cut at `depth`; queries without any left out.
+
+    trec_eval sorts by score (ties broken by document id), so scores come from rank: the order is exact.
+    """
     return {
         query: {doc: float(len(docs) - rank) for rank, doc in enumerate(docs[:depth])}
         for query, docs in rankings.items()

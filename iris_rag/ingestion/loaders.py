@@ -251,8 +251,8 @@ def parse_file(
         yield SourceDocument(file.relative, extracted.text, extracted.title or path.stem, metadata)
         return
     try:
-        text = _decoded(data)
-    except _NotDecodable as exc:
+        text = decoded_text(data)
+    except NotDecodable as exc:
         yield SourceError(str(path), str(exc))
         return
     if suffix in TEXT_SUFFIXES:
@@ -269,11 +269,11 @@ def parse_file(
         yield item
 
 
-class _NotDecodable(ValueError):
+class NotDecodable(ValueError):
     """Why a file's bytes are not text."""
 
 
-def _decoded(data: bytes) -> str:
+def decoded_text(data: bytes) -> str:
     """The text of a file: UTF-8 (a BOM dropped), or UTF-16 or UTF-32 when it starts with their BOM.
 
     Windows PowerShell's `>` and Notepad's "Unicode" write UTF-16 with a BOM, which is unambiguous.
@@ -284,12 +284,13 @@ def _decoded(data: bytes) -> str:
                 return data[len(bom) :].decode(codec)
             except UnicodeDecodeError as exc:
                 message = f"not valid {name} (byte {exc.start + len(bom)}); convert the file to UTF-8"
-                raise _NotDecodable(message) from None
+                raise NotDecodable(message) from None
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        message = f"not valid UTF-8 (byte {exc.start}); convert the file to UTF-8"
-        raise _NotDecodable(message) from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        message = f"not valid UTF-8 (line {line}, byte {exc.start}); convert the file to UTF-8"
+        raise NotDecodable(message) from None
 
 
 def _text_document(file: SourceFile, text: str, provenance: dict[str, Any]) -> SourceDocument:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
 def write_beir(
     root: Path,
-    corpus: list[dict[str, str]],
+    corpus: list[dict[str, Any]],
     queries: dict[str, str],
     qrels: list[tuple[str, str, int]],
     *,

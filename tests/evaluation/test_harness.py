@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+import pytrec_eval
 
 from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.cli import build_parser, cmd_eval, main
@@ -301,3 +302,121 @@ def test_after_eval_other_commands_start_no_build_and_report_the_indexes_incompl
         "noderag": "incomplete",
     }
     assert {s["state"] for s in collections["notes"].values()} == {"ready"}
+
+
+def test_a_corpus_id_on_two_lines_gives_the_same_result_on_every_run(
+    service: RagService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last line of an id is the document (as BEIR's loader), so a re-run finds nothing changed."""
+    corpus = [
+        {"_id": "d1", "title": "", "text": "Aspirin lowers fever in adults."},
+        {"_id": "d2", "title": "", "text": "Statins lower LDL cholesterol in the blood."},
+        {"_id": "d3", "title": "", "text": "Exercise improves sleep quality."},
+        {"_id": "d2", "title": "", "text": "Bananas are a yellow tropical fruit."},
+    ]
+    dataset = write_beir(tmp_path / "dup", corpus, {"q1": "what lowers cholesterol"}, [("q1", "d2", 1)])
+    out = tmp_path / "report.json"
+    reports = []
+    for _ in range(2):
+        assert cmd_eval(eval_args(dataset, "--out", str(out)), service) == 0
+        reports.append(json.loads(out.read_text(encoding="utf-8")))
+        assert (
+            "eval: 1 corpus ids are on more than one line (d2); the last line of each"
+            in capsys.readouterr().err
+        )
+    assert [(r["documents"], r["documents_ingested"], r["duplicate_corpus_ids"]) for r in reports] == [
+        (3, 3, 1),
+        (3, 0, 1),
+    ]
+    assert reports[0]["techniques"]["basic"]["ndcg@10"] == reports[1]["techniques"]["basic"]["ndcg@10"]
+    stored = service.store.get_document("eval-dup", "d2")
+    assert stored is not None and stored.content == "Bananas are a yellow tropical fruit."
+
+
+def test_a_collection_chunked_otherwise_is_refused_not_reported_as_rechunked(
+    service: RagService, obvious: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "report.json"
+    mine = ("--collection", "mine", "--out", str(out))
+    assert cmd_eval(eval_args(obvious, "--chunk-size", "1000", *mine), service) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert (report["chunk_size"], report["chunk_overlap"]) == (1000, 150)
+    with pytest.raises(
+        InvalidParametersError,
+        match=r"'mine' was chunked with chunk_size 1000, chunk_overlap 150, not the 200, 150 asked for",
+    ):
+        cmd_eval(eval_args(obvious, "--chunk-size", "200", *mine), service)
+    # The same chunking reuses it.
+    assert cmd_eval(eval_args(obvious, "--chunk-size", "1000", *mine), service) == 0
+    assert json.loads(out.read_text(encoding="utf-8"))["documents_ingested"] == 0
+
+
+def test_a_collection_eval_did_not_ingest_reports_its_chunking_unknown(
+    service: RagService, obvious: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    documents = [
+        {"id": str(d["id"]), "title": str(d["title"]), "content": str(d["content"])} for d in DOCUMENTS
+    ]
+    service.ingest({"collection_id": "mine", "documents": documents})
+    out = tmp_path / "report.json"
+    assert cmd_eval(eval_args(obvious, "--collection", "mine", "--out", str(out)), service) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert (report["documents_ingested"], report["chunk_size"], report["chunk_overlap"]) == (0, None, None)
+    assert "eval: 3 documents of mine carry no record of their chunking" in (capsys.readouterr().err)
+
+
+def test_a_ranking_shallower_than_the_deepest_cutoff_is_refused(service: RagService, obvious: Path) -> None:
+    with pytest.raises(InvalidParametersError, match="--k must be at least 100: Recall@100 needs"):
+        cmd_eval(eval_args(obvious, "--k", "10"), service)
+    assert service.store.get_collection("eval-obvious") is None
+
+
+def test_an_unwritable_report_or_runs_folder_is_refused_before_the_run(
+    service: RagService, obvious: Path, tmp_path: Path
+) -> None:
+    """--out or --runs under a file failed with a traceback after the whole run; now before it, one line."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x", encoding="utf-8")
+    for option in (("--out", str(blocker / "report.json")), ("--runs", str(blocker / "runs"))):
+        with pytest.raises(InvalidParametersError, match=f"cannot write to {blocker}"):
+            cmd_eval(eval_args(obvious, *option), service)
+    assert service.store.get_collection("eval-obvious") is None
+
+
+def test_the_run_files_recompute_every_figure_of_the_report(
+    service: RagService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--runs: trec_eval's formats, from which pytrec_eval gives back the report's figures."""
+    corpus = [{"_id": str(d["id"]), "title": str(d["title"]), "text": str(d["content"])} for d in DOCUMENTS]
+    queries = {**QUERIES, "q-miss": "sourdough volcano aspirin", "q-none": "what is lava"}
+    qrels = [*QRELS, ("q-miss", "volcano", 1), ("q-miss", "aspirin", 2), ("q-none", "volcano", 0)]
+    dataset = write_beir(tmp_path / "ds", corpus, queries, qrels)
+    out, runs = tmp_path / "report.json", tmp_path / "runs"
+    args = eval_args(dataset, "--techniques", "basic,keyword", "--out", str(out), "--runs", str(runs))
+    assert cmd_eval(args, service) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["command"].endswith(f"--runs {runs}")
+    assert sorted(p.name for p in runs.iterdir()) == ["basic.run", "keyword.run", "qrels.txt"]
+    first = (runs / "basic.run").read_text(encoding="utf-8").splitlines()[0].split()
+    assert (first[1], first[3], first[5]) == ("Q0", "1", "basic")
+    with (runs / "qrels.txt").open(encoding="utf-8") as handle:
+        judged = pytrec_eval.parse_qrel(handle)
+    assert len(judged) == report["queries"] == 5
+    for technique, figures in report["techniques"].items():
+        with (runs / f"{technique}.run").open(encoding="utf-8") as handle:
+            run = pytrec_eval.parse_run(handle)
+        full = pytrec_eval.RelevanceEvaluator(judged, {"ndcg_cut.10", "recall.10", "recall.100"}).evaluate(
+            run
+        )
+        top10 = {q: dict(sorted(docs.items(), key=lambda item: -item[1])[:10]) for q, docs in run.items()}
+        mrr = pytrec_eval.RelevanceEvaluator(judged, {"recip_rank"}).evaluate(top10)
+        recomputed = {
+            "ndcg@10": sum(s["ndcg_cut_10"] for s in full.values()) / len(judged),
+            "recall@10": sum(s["recall_10"] for s in full.values()) / len(judged),
+            "recall@100": sum(s["recall_100"] for s in full.values()) / len(judged),
+            "mrr@10": sum(s["recip_rank"] for s in mrr.values()) / len(judged),
+        }
+        assert {key: round(value, 5) for key, value in recomputed.items()} == {
+            key: figures[key] for key in recomputed
+        }
+    assert 0 < report["techniques"]["basic"]["ndcg@10"] < 1
