@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from iris_rag.errors import GenerationFailedError, LlmServiceUnavailableError
-from iris_rag.llm import openai_client
+from iris_rag.llm import openai_client, reply_text
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 from iris_rag.text import query_terms, split_sentences, stem, word_count
@@ -340,10 +340,7 @@ class OpenAIGenerator:
             what = "cannot be reached" if unreachable else "failed"
             msg = f"the LLM at {self._client.base_url} {what}: {type(exc).__name__}: {exc}"
             raise error(redact(msg, self._secrets)) from exc
-        if not completion.choices or completion.choices[0].message.content is None:
-            msg = "the LLM returned no answer text"
-            raise GenerationFailedError(msg)
-        text = completion.choices[0].message.content.strip()
+        text = reply_text(completion, max_tokens=max_tokens, remedy="; raise options.max_tokens")
         if not steps:
             return Generation(text, self.model_name, "llm")
         answer, reasoning = parse_llm_steps(text, passages)

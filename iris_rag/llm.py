@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from iris_rag.cancellation import check_cancelled
+from iris_rag.errors import GenerationFailedError
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 
@@ -67,6 +68,25 @@ def openai_compatible_client(
     )
 
 
+def reply_text(completion: Any, *, max_tokens: int, remedy: str = "") -> str:
+    """A chat completion's text, stripped; GenerationFailedError when it holds none (null, "" or blank).
+
+    A reasoning model can spend all of max_tokens thinking and reply "" with finish_reason "length": the
+    message says so, with the remedy the caller can apply (remedy: "; raise options.max_tokens", say).
+    """
+    choice = completion.choices[0] if completion.choices else None
+    text = (choice.message.content or "").strip() if choice is not None else ""
+    if text:
+        return text
+    msg = "the LLM returned no text"
+    if choice is not None and choice.finish_reason == "length":
+        msg += (
+            f' (finish_reason "length": it spent all max_tokens ({max_tokens}) before writing any, as a '
+            f"reasoning model does when it thinks that long{remedy})"
+        )
+    raise GenerationFailedError(msg)
+
+
 def endpoint_url(base_url: str, *, with_key: bool) -> tuple[str, dict[str, str]]:
     """A base URL as a client joins paths to it, and the query parameters every request carries instead.
 
@@ -107,11 +127,7 @@ class TechniqueLLM:
             temperature=temperature,
             max_tokens=max_tokens,
         )
-        text = completion.choices[0].message.content if completion.choices else None
-        if not text or not text.strip():
-            msg = "the LLM returned no text"
-            raise RuntimeError(msg)
-        return str(text).strip()
+        return reply_text(completion, max_tokens=max_tokens)
 
     def produce(
         self,

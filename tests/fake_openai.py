@@ -34,9 +34,13 @@ class FakeOpenAIServer:
     """Answers POST /v1/chat/completions, POST /v1/embeddings and GET /v1/models (or with a status code),
     recording requests."""
 
-    def __init__(self, reply: str = "Aspirin lowers heart-attack risk [1].", status: int = 200) -> None:
-        self.reply = reply
+    def __init__(
+        self, reply: str | None = "Aspirin lowers heart-attack risk [1].", status: int = 200
+    ) -> None:
+        self.reply = reply  # None: content null, as some servers send when the model wrote nothing
         self.status = status
+        # "length": the model stopped at max_tokens (a reasoning model that spent them all thinking).
+        self.finish_reason = "stop"
         self.requests: list[dict[str, Any]] = []
         # Called with each chat request as it arrives (a test cancels its request here).
         self.on_request: Callable[[dict[str, Any]], None] | None = None
@@ -74,7 +78,7 @@ class FakeOpenAIServer:
                             {
                                 "index": 0,
                                 "message": {"role": "assistant", "content": fake.reply},
-                                "finish_reason": "stop",
+                                "finish_reason": fake.finish_reason,
                             }
                         ],
                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},

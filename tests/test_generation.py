@@ -119,6 +119,33 @@ def test_llm_failure_is_generation_failed_with_documents(
     assert "sk-test-secret" not in str(failure.value.to_dict())
 
 
+@pytest.mark.parametrize("reply", ["", " \n ", None])
+def test_an_empty_llm_reply_is_generation_failed_with_documents(
+    tmp_path: Path, embedder: Embedder, fake_llm: FakeOpenAIServer, reply: str | None
+) -> None:
+    """Blank content is no answer: the caller must not get a success whose answer is ""."""
+    fake_llm.reply = reply
+    service = RagService(_llm_settings(tmp_path, fake_llm), embedder=embedder)
+    service.ingest({"collection_id": "docs", "documents": DOCUMENTS})
+    with pytest.raises(GenerationFailedError) as failure:
+        ask(service, "aspirin")
+    assert "the LLM returned no text" in failure.value.message
+    assert "max_tokens" not in failure.value.message, "finish_reason was 'stop'"
+    partial = failure.value.details["partial_result"]
+    assert partial["error"]["code"] == "GENERATION_FAILED"
+    assert partial["retrieved_documents"][0]["id"] == "aspirin"
+
+
+def test_an_empty_reply_cut_at_max_tokens_says_so(tmp_path: Path, fake_llm: FakeOpenAIServer) -> None:
+    """A reasoning model that spent max_tokens thinking: the message says to raise options.max_tokens."""
+    fake_llm.reply, fake_llm.finish_reason = "", "length"
+    generator = OpenAIGenerator(_llm_settings(tmp_path, fake_llm))
+    with pytest.raises(GenerationFailedError) as failure:
+        generator.generate("does aspirin help", PASSAGES, temperature=0, max_tokens=64)
+    assert 'finish_reason "length"' in failure.value.message
+    assert "max_tokens (64)" in failure.value.message and "raise options.max_tokens" in failure.value.message
+
+
 # Issue 11, defect 11: credentials inside LLM_BASE_URL must never reach a caller.
 SECRETS = ("alice", "s3cret-pass", "sk-test-secret", "KEY-123456", "tok-98765")
 

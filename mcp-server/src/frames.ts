@@ -1,13 +1,14 @@
 /**
  * A gate in front of the SDK's stdio transport. The SDK drops a frame it cannot parse or validate with only
  * a log line, so the client waits forever (`tools/call` with `"params": null`, a line that is not JSON);
- * and a tools/call whose `arguments` is not an object reaches the client as a zod dump. Each such frame
- * is answered here at once with its JSON-RPC error; every other line goes on to the SDK unchanged.
+ * and a request whose params fail its method's schema (`resources/read` without `uri`) reaches the client
+ * as -32603 with a multi-line zod dump. Each such frame is answered here at once with its JSON-RPC error
+ * (-32602 and one line for bad params); every other line goes on to the SDK unchanged.
  */
 import { PassThrough, type Readable, type Writable } from "node:stream";
 import { createInterface } from "node:readline";
 
-import { ErrorCode, JSONRPCMessageSchema, JSONRPCRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import { ClientRequestSchema, ErrorCode, JSONRPCMessageSchema, JSONRPCRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 import { isObject } from "./json.js";
 
@@ -22,6 +23,14 @@ export interface Rejection {
 }
 
 const BATCH_MESSAGE = "Invalid Request: JSON-RPC batches are not supported (MCP 2025-06-18 removed them); send one message per line";
+
+/** The methods this server answers (server.ts, and the SDK's initialize and ping); others stay -32601. */
+const SERVED = new Set(["initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/templates/list", "resources/read"]);
+
+/** The SDK's schema of each request this server answers, by method: what its request handler parses. */
+const REQUEST_SCHEMAS = new Map(
+  ClientRequestSchema.options.filter((schema) => SERVED.has(schema.shape.method.value)).map((schema) => [schema.shape.method.value as string, schema]),
+);
 
 const describe = (value: unknown): string =>
   value === null ? "null" : Array.isArray(value) ? "an array" : `${/^[aeiou]/.test(typeof value) ? "an" : "a"} ${typeof value}`;
@@ -92,6 +101,14 @@ export function rejectMessage(message: unknown): Rejection | null {
     const issue = JSONRPCRequestSchema.safeParse(message).error?.issues[0];
     const where = issue?.path.length ? `${issue.path.map(String).join(".")}: ` : "";
     return { id, code: ErrorCode.InvalidRequest, message: `Invalid Request: ${where}${issue?.message ?? "not a valid request"}` };
+  }
+  // The SDK parses params with the method's schema inside its handler, where a failure becomes -32603.
+  const schema = isRequest ? REQUEST_SCHEMAS.get(message.method as string) : undefined;
+  const issues = schema?.safeParse(message).error?.issues;
+  if (issues?.length) {
+    const [first] = issues;
+    const more = issues.length > 1 ? ` (and ${issues.length - 1} more)` : "";
+    return { id, code: ErrorCode.InvalidParams, message: `Invalid params: ${message.method as string} ${first!.path.map(String).join(".")}: ${first!.message}${more}` };
   }
   return null;
 }

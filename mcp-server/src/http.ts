@@ -23,7 +23,6 @@ import {
   isJSONRPCRequest,
   isJSONRPCResultResponse,
   type JSONRPCMessage,
-  JSONRPCMessageSchema,
   type MessageExtraInfo,
   type RequestId,
 } from "@modelcontextprotocol/sdk/types.js";
@@ -255,9 +254,10 @@ export class HttpFrontDoor {
       const read = await this.readBody(req, res);
       if (!read.ok) return;
       body = read.body;
-      // The transport answers any message its schema refuses with "Parse error: Invalid JSON-RPC message";
-      // say what is wrong instead (a progressToken that is an object, say), as on stdio (frames.ts).
-      const rejection = isObject(body) && !JSONRPCMessageSchema.safeParse(body).success ? rejectMessage(body) : null;
+      // The transport answers any message its schema refuses with "Parse error: Invalid JSON-RPC message",
+      // and the SDK params its method's schema refuses with -32603 and a zod dump; say what is wrong
+      // instead (a progressToken that is an object, resources/read without uri), as on stdio (frames.ts).
+      const rejection = isObject(body) ? rejectMessage(body) : null;
       if (rejection) return refuse(res, 400, rejection.message, { id: rejection.id, code: rejection.code });
     }
 

@@ -4,9 +4,11 @@ import type { AuthInfo } from "@modelcontextprotocol/sdk/server/auth/types.js";
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import {
   CallToolRequestSchema,
+  ErrorCode,
   ListResourcesRequestSchema,
   ListResourceTemplatesRequestSchema,
   ListToolsRequestSchema,
+  McpError,
   ReadResourceRequestSchema,
 } from "@modelcontextprotocol/sdk/types.js";
 
@@ -57,9 +59,18 @@ export function createServer(config: Config): IrisRagServer {
 
   const newServer = (): Server => {
     const server = new Server({ name: config.serverName, version: config.serverVersion }, { capabilities: { tools: {}, resources: { listChanged: true } }, instructions });
-    server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: tools.listTools() }));
-    server.setRequestHandler(ListResourcesRequestSchema, async (_request, extra) => ({ resources: await resources.list(principalOf(extra.authInfo)) }));
-    server.setRequestHandler(ListResourceTemplatesRequestSchema, () => ({ resourceTemplates: RESOURCE_TEMPLATES }));
+    server.setRequestHandler(ListToolsRequestSchema, (request) => {
+      refuseCursor(request);
+      return { tools: tools.listTools() };
+    });
+    server.setRequestHandler(ListResourcesRequestSchema, async (request, extra) => {
+      refuseCursor(request);
+      return { resources: await resources.list(principalOf(extra.authInfo)) };
+    });
+    server.setRequestHandler(ListResourceTemplatesRequestSchema, (request) => {
+      refuseCursor(request);
+      return { resourceTemplates: RESOURCE_TEMPLATES };
+    });
     server.setRequestHandler(ReadResourceRequestSchema, async (request, extra) => resources.read(request.params.uri, principalOf(extra.authInfo)));
     live.add(server);
     const closed = server.onclose;
@@ -87,6 +98,19 @@ export function createServer(config: Config): IrisRagServer {
   let cleaning: Promise<void> | undefined;
   const cleanup = () => (cleaning ??= bridge.stop());
   return { bridge, tools, limiter, newServer, cleanup };
+}
+
+/**
+ * These lists come whole, in one page with no nextCursor, so this server never issued a cursor: any cursor
+ * is invalid, and MCP 2025-06-18 (pagination) says an invalid cursor SHOULD be -32602, not ignored.
+ */
+function refuseCursor(request: { method: string; params?: { cursor?: string } }): void {
+  const cursor = request.params?.cursor;
+  if (cursor === undefined) return;
+  throw new McpError(
+    ErrorCode.InvalidParams,
+    `invalid cursor ${JSON.stringify(cursor.slice(0, 100))}: ${request.method} returns its whole list in one page and issues no cursor; call it without one`,
+  );
 }
 
 /** The principal http.ts attached to the request (AuthInfo.extra.principal). */

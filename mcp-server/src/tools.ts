@@ -1,4 +1,4 @@
-import type { CallToolResult, Tool } from "@modelcontextprotocol/sdk/types.js";
+import { ErrorCode, McpError, type CallToolResult, type Tool } from "@modelcontextprotocol/sdk/types.js";
 
 import { hasScope, RateLimiter, rateLimitMessage, requiredScope, type Principal } from "./auth.js";
 import type { Progress, WorkerBridge } from "./bridge.js";
@@ -147,7 +147,8 @@ export class ToolRouter {
   /**
    * One tools/call; `signal` (the client's notifications/cancelled) cancels it in the worker too.
    * `principal` is the HTTP caller (absent on stdio: the local user may call everything). `onProgress`
-   * gets the worker's steps (the client asked for them with a progressToken).
+   * gets the worker's steps (the client asked for them with a progressToken). An unknown tool throws
+   * McpError -32602 (a protocol error), after it is recorded.
    */
   async callTool(
     name: string,
@@ -168,7 +169,8 @@ export class ToolRouter {
       const shown = name.slice(0, 128).replace(LONE_SURROGATES, "\uFFFD");
       this.recordFrontEndFailure(shown, undefined, started, "PIPELINE_NOT_FOUND", principal, correlation);
       const known = [...this.catalog.keys()].join(", ");
-      return errorResult(withCorrelation(new BridgeError("PIPELINE_NOT_FOUND", `Unknown tool ${JSON.stringify(shown)}; available tools: ${known}`), correlation));
+      // MCP 2025-06-18 (tools, Error Handling): an unknown tool is a protocol error, not a tool result.
+      throw new McpError(ErrorCode.InvalidParams, `Unknown tool: ${shown}; available tools: ${known}`);
     }
 
     const { technique } = entry.spec.bridge;

@@ -13,9 +13,9 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, McpError, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import INVALID_PARAMS, CallToolResult, TextContent
 
 from iris_rag.schemas import tool_specs
 from tests.e2e.mcp_harness import result_json
@@ -101,8 +101,8 @@ async def test_time_outs_refusals_and_unknown_tools_are_each_recorded_once(
             assert refused.isError and body["error"]["code"] == "RATE_LIMIT_EXCEEDED"
         timed_out, body = outcomes["ingest"]
         assert timed_out.isError and body["error"]["code"] == "TIMEOUT_EXCEEDED"
-        unknown, body = await call(session, "rag_no_such_tool", {})
-        assert unknown.isError and body["error"]["code"] == "PIPELINE_NOT_FOUND"
+        with pytest.raises(McpError):  # an unknown tool is a protocol error (-32602), recorded all the same
+            await call(session, "rag_no_such_tool", {})
 
         # The worker goes on with the timed-out ingest until it stops it: wait until it has.
         with anyio.fail_after(CALL_TIMEOUT_S):
@@ -155,5 +155,7 @@ async def test_only_served_tools_are_listed(connect: Connect) -> None:
         ):
             assert hidden not in tools
         assert {"rag_basic", "rag_ingest", "rag_health_check"} <= tools
-        result, body = await call(session, "rag_graph_explore", {"entity": "TNF"})
-        assert result.isError and body["error"]["code"] == "PIPELINE_NOT_FOUND"
+        with pytest.raises(McpError) as raised:
+            await call(session, "rag_graph_explore", {"entity": "TNF"})
+        assert raised.value.error.code == INVALID_PARAMS
+        assert "Unknown tool: rag_graph_explore" in raised.value.error.message

@@ -8,8 +8,8 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession
-from mcp.types import CallToolResult, TextContent
+from mcp import ClientSession, McpError
+from mcp.types import INVALID_PARAMS, CallToolResult, TextContent
 
 from iris_rag.schemas import tool_specs
 from tests.e2e.mcp_harness import result_json
@@ -139,10 +139,12 @@ async def test_blank_query_is_rejected_with_invalid_query(session: ClientSession
     assert body["error"]["code"] == "INVALID_QUERY"
 
 
-async def test_unknown_tool_is_an_error_result(session: ClientSession) -> None:
-    result, body = await call(session, "rag_does_not_exist", {})
-    assert result.isError
-    assert body["error"]["code"] == "PIPELINE_NOT_FOUND"
+async def test_unknown_tool_is_an_invalid_params_protocol_error(session: ClientSession) -> None:
+    """MCP 2025-06-18, tools, Error Handling: an unknown tool is a JSON-RPC error, not a tool result."""
+    with anyio.fail_after(CALL_TIMEOUT_S), pytest.raises(McpError) as raised:
+        await session.call_tool("rag_does_not_exist", {})
+    assert raised.value.error.code == INVALID_PARAMS
+    assert "Unknown tool: rag_does_not_exist" in raised.value.error.message
 
 
 async def test_health_check_reports_a_reachable_worker(session: ClientSession) -> None:

@@ -1,5 +1,6 @@
 """Errors that name the actual problem (raw stdio frames, as the official client will not send them): a
-progressToken that is no string or integer, and a resource URI whose limit is not an integer."""
+progressToken that is no string or integer, a resource URI whose limit is not an integer, params that fail
+any method's schema, an unknown tool and a cursor this server never issued (MCP 2025-06-18: -32602)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,41 @@ def test_a_non_integer_limit_is_named_with_its_value(server: RawServer, limit: s
     message = answer["error"]["message"]
     assert "limit" in message and f'"{limit}"' in message, message
     assert "None is not of type" not in message
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "named"),
+    [
+        ("resources/read", {}, "params.uri"),
+        ("resources/read", {"uri": 5}, "params.uri"),
+        ("tools/list", {"cursor": 5}, "params.cursor"),
+        ("resources/list", {"cursor": {}}, "params.cursor"),
+        ("resources/templates/list", {"cursor": []}, "params.cursor"),
+        ("initialize", {}, "params.protocolVersion"),
+    ],
+)
+def test_params_that_fail_a_methods_schema_are_invalid_params_in_one_line(
+    server: RawServer, method: str, params: dict[str, object], named: str
+) -> None:
+    answer = server.wait(server.request(method, params), timeout=PROMPT_S)
+    assert answer["error"]["code"] == -32602, answer
+    message = answer["error"]["message"]
+    assert message.startswith(f"Invalid params: {method} {named}: "), message
+    assert "\n" not in message and "invalid_type" not in message, "one readable line, not a zod dump"
+    assert server.alive()
+
+
+def test_an_unknown_tool_is_invalid_params(server: RawServer) -> None:
+    answer = server.wait(server.call_tool("rag_no_such_tool", {}), timeout=PROMPT_S)
+    assert answer["error"]["code"] == -32602, answer
+    message = answer["error"]["message"]
+    assert "Unknown tool: rag_no_such_tool" in message and "rag_basic" in message, message
+
+
+@pytest.mark.parametrize("method", ["tools/list", "resources/list", "resources/templates/list"])
+def test_a_cursor_on_an_unpaginated_list_is_invalid(server: RawServer, method: str) -> None:
+    """Each list is one page, so no cursor was ever issued: any cursor is invalid, not ignored."""
+    answer = server.wait(server.request(method, {"cursor": "not-a-cursor"}), timeout=PROMPT_S)
+    assert answer["error"]["code"] == -32602, answer
+    assert "invalid cursor" in answer["error"]["message"]
+    assert "result" in server.wait(server.request(method, {}), timeout=PROMPT_S), "no cursor: the whole list"

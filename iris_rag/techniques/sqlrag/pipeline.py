@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 from iris_rag import access
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import (
+    GenerationFailedError,
     InvalidParametersError,
     SqlRejectedError,
 )
@@ -33,7 +34,7 @@ from iris_rag.generation import (
     Reasoning,
     ReasoningStep,
 )
-from iris_rag.llm import openai_client
+from iris_rag.llm import openai_client, reply_text
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
@@ -68,6 +69,7 @@ SQL_DOCUMENT_ID = "sql-result"
 SQL_CHUNK_ID = f"{SQL_DOCUMENT_ID}#0"
 # The LLM gets a second try, told why its first statement was refused.
 GENERATION_ATTEMPTS = 2
+SQL_MAX_TOKENS = 512
 ANSWER_ROWS = 20
 PASSAGE_CELL_CHARS = 200
 
@@ -168,10 +170,13 @@ class SqlWriter:
             model=self.model,
             messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
             temperature=0.0,
-            max_tokens=512,
+            max_tokens=SQL_MAX_TOKENS,
         )
-        content = completion.choices[0].message.content if completion.choices else None
-        return extract_sql(content or "")
+        sql = extract_sql(reply_text(completion, max_tokens=SQL_MAX_TOKENS))
+        if not sql:
+            msg = "the LLM's reply holds no SQL statement"
+            raise GenerationFailedError(msg)
+        return sql
 
 
 def _cell_text(value: Any, limit: int) -> str:

@@ -52,6 +52,29 @@ describe("rejectFrame: frames the SDK would drop or answer with a zod dump", () 
     assert.equal(rejectFrame(call({ progressToken: 7 })), null);
   });
 
+  it("answers params that fail any method's schema with -32602 in one line, not the SDK's -32603 zod dump", () => {
+    const cases: Array<[string, unknown, string]> = [
+      ["resources/read", {}, "params.uri"],
+      ["resources/read", { uri: 5 }, "params.uri"],
+      ["tools/list", { cursor: 5 }, "params.cursor"],
+      ["resources/list", { cursor: {} }, "params.cursor"],
+      ["initialize", {}, "params.protocolVersion"],
+    ];
+    for (const [method, params, named] of cases) {
+      const rejection = rejectFrame(frame({ jsonrpc: "2.0", id: 8, method, params }));
+      assert.equal(rejection?.code, -32602, method);
+      assert.equal(rejection?.id, 8);
+      assert.match(rejection?.message ?? "", new RegExp(`^Invalid params: ${method} ${named}: Invalid input: expected `));
+      assert.doesNotMatch(rejection?.message ?? "", /\n/);
+    }
+    const several = rejectFrame(frame({ jsonrpc: "2.0", id: 9, method: "initialize", params: { capabilities: 1 } }));
+    assert.match(several?.message ?? "", /\(and 2 more\)$/);
+    assert.equal(rejectFrame(frame({ jsonrpc: "2.0", id: 10, method: "resources/read", params: { uri: "rag://collections" } })), null);
+    assert.equal(rejectFrame(frame({ jsonrpc: "2.0", id: 11, method: "no/such/method", params: { x: 1 } })), null, "the SDK answers -32601");
+    // A spec method this server does not serve is not found, whatever its params.
+    assert.equal(rejectFrame(frame({ jsonrpc: "2.0", id: 12, method: "prompts/list", params: { cursor: 5 } })), null, "the SDK answers -32601");
+  });
+
   it("names what else is wrong with a request that has jsonrpc, method and id", () => {
     const rejection = rejectFrame(frame({ jsonrpc: "2.0", id: 6, method: "tools/list", extra: 1 }));
     assert.equal(rejection?.code, -32600);

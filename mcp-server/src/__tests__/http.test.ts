@@ -92,6 +92,17 @@ describe("HTTP front door: what a key may spend", () => {
       error: { code: -32602, message: "Invalid params: params._meta.progressToken must be a string or an integer, not an object" },
     });
   });
+
+  it("answers params that fail the method's schema with -32602 in one line, as on stdio", async () => {
+    const { door, url } = await frontDoor([{ id: "a", key_sha256: hash("ka"), scopes: ["read"], collections: "*" }], 32);
+    doors.push(door);
+    const { session } = await post(url, "ka", initialize(1));
+    const answer = await post(url, "ka", { jsonrpc: "2.0", id: 10, method: "resources/read", params: {} }, session!);
+    assert.equal(answer.status, 400);
+    const { error } = JSON.parse(answer.text) as { error: { code: number; message: string } };
+    assert.equal(error.code, -32602);
+    assert.match(error.message, /^Invalid params: resources\/read params\.uri: Invalid input: expected string[^\n]*$/);
+  });
 });
 
 /**

@@ -1,6 +1,8 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
+import { ErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
+
 import type { WorkerBridge } from "../bridge.js";
 import { BridgeError } from "../errors.js";
 import { listedAnnotations, listedInputSchema, listedOutputSchema } from "../listing.js";
@@ -110,11 +112,14 @@ describe("ToolRouter", () => {
     assert.equal(parseText(failed).error.code, "LLM_SERVICE_UNAVAILABLE");
   });
 
-  it("answers an unknown tool with PIPELINE_NOT_FOUND", async () => {
+  it("answers an unknown tool with the protocol error -32602 (MCP 2025-06-18), not a tool result", async () => {
     const { bridge } = fakeBridge({ describe: describeResult });
-    const result = await new ToolRouter(bridge, realToolSpecs()).callTool("rag_nope", {});
-    assert.equal(result.isError, true);
-    assert.equal(parseText(result).error.code, "PIPELINE_NOT_FOUND");
+    await assert.rejects(new ToolRouter(bridge, realToolSpecs()).callTool("rag_nope", {}), (error: unknown) => {
+      assert.ok(error instanceof McpError);
+      assert.equal(error.code, ErrorCode.InvalidParams);
+      assert.match(error.message, /Unknown tool: rag_nope; available tools: .*rag_basic/);
+      return true;
+    });
   });
 
   it("turns a worker error into an isError result and keeps a partial_result as structuredContent", async () => {
@@ -157,7 +162,7 @@ describe("ToolRouter", () => {
 
   it("records an unknown tool's call", async () => {
     const { bridge, calls } = fakeBridge({ record_call: () => ({}) });
-    await new ToolRouter(bridge, realToolSpecs()).callTool("rag_nope", {});
+    await assert.rejects(new ToolRouter(bridge, realToolSpecs()).callTool("rag_nope", {}), McpError);
     assert.deepEqual(
       calls.map(({ method, params }) => [method, params.tool, params.error_code]),
       [["record_call", "rag_nope", "PIPELINE_NOT_FOUND"]],

@@ -185,6 +185,22 @@ def test_an_llm_failure_asks_the_caller_for_sql(llm_service: RagService, fake_ll
     assert specific(result)["sql_source"] == "caller", "caller SQL needs no LLM"
 
 
+@pytest.mark.parametrize("reply", ["", "  ", None, "```sql\n```"])
+def test_an_empty_llm_reply_asks_the_caller_for_sql(
+    llm_service: RagService, fake_llm: FakeOpenAIServer, reply: str | None
+) -> None:
+    """No statement written is the LLM failing to write one (as an outright failure), not SQL_REJECTED."""
+    fake_llm.reply = reply
+    fake_llm.finish_reason = "length"
+    with pytest.raises(InvalidParametersError) as caught:
+        sqlrag(llm_service, generate=False)
+    assert caught.value.details["reason"] == "llm_failed" and "schema" in caught.value.details
+    assert "the LLM failed to write it" in caught.value.message
+    blank = not (reply or "").strip()
+    assert ('finish_reason "length"' in caught.value.message) == blank, "a fenced block is text, yet no SQL"
+    assert len(fake_llm.requests) == 1, "an empty reply is not retried as a rejected statement"
+
+
 def test_combine_with_vector(sql_service: RagService) -> None:
     combined = sqlrag(sql_service, "volcano lava", {"sql": TOTALS}, top_k=3)
     assert ids(combined)[:2] == [SQL_DOCUMENT_ID, "volcano"]
