@@ -6,10 +6,12 @@ between the question and its best passage (all-MiniLM-L6-v2, exact search):
   answerable    the sample's own queries (their papers are in the sample),
   topical       SciFact train questions whose papers are not in the sample (same field, no answer there),
   off-topic     everyday questions nothing in a biomedical collection answers.
-The extractive answer says nothing relevant was found below generation.RELEVANCE_FLOOR.
+The extractive answer says nothing relevant was found below generation.RELEVANCE_FLOOR. `--technique`:
+the similarity a technique's call judges (metadata.relevance, its top_k 5 results) instead of the exact
+search's best chunk (the collection must have that technique's index).
 
     .venv/bin/python -m bench.bench_relevance_floor --data-dir DIR --collection scifact-sample \\
-        --scifact ../shared/data/scifact [--out FILE]
+        --scifact ../shared/data/scifact [--technique noderag] [--out FILE]
 """
 
 from __future__ import annotations
@@ -52,13 +54,19 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--collection", default="scifact-sample")
     parser.add_argument("--scifact", type=Path, required=True, help="BEIR SciFact folder (train split used)")
+    parser.add_argument("--technique", help="judge through this technique's calls (default: exact search)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    service = RagService(Settings(RAG_DATA_DIR=args.data_dir, RAG_TECHNIQUES="basic"))
+    techniques = "basic" if args.technique is None else args.technique
+    service = RagService(Settings(RAG_DATA_DIR=args.data_dir, RAG_TECHNIQUES=techniques, LLM_PROVIDER="none"))
     service.embedder.wait_ready()
 
     def best(question: str) -> float:
+        if args.technique is not None:
+            arguments = {"query": question, "collection_id": args.collection}
+            result = service.execute({"technique": args.technique, "arguments": arguments})
+            return float(result["metadata"]["relevance"]["best_query_similarity"])
         hits = service.store.vector_search(args.collection, service.embedder.encode_query(question), 1)
         return hits[0].score
 
@@ -76,7 +84,12 @@ def main() -> None:
         "off-topic": [best(question) for question in OFF_TOPIC],
     }
     service.close()
-    result: dict[str, Any] = {"machine": machine(), "floor": RELEVANCE_FLOOR, "groups": {}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "floor": RELEVANCE_FLOOR,
+        "technique": args.technique,
+        "groups": {},
+    }
     print(f"{'questions':<12} {'n':>4} {'p1':>6} {'p5':>6} {'p50':>6} {'p95':>6} {'below floor':>12}")
     for name, scores in groups.items():
         values = np.array(scores)

@@ -205,12 +205,19 @@ class ExtractiveGenerator:
 
         ranked = sorted(range(total), key=score, reverse=True)
         chosen: list[int] = []
+        quoted: set[str] = set()
         words = 0
         for i in ranked:
+            # The same sentence comes twice from two overlapping chunks (CHUNK_OVERLAP) or two copies of a
+            # document: quoted once, where it scored best.
+            said = " ".join(candidates[i][2].split()).casefold()
+            if said in quoted:
+                continue
             length = word_count(candidates[i][2])
             if chosen and (len(chosen) >= self.max_sentences or words + length > max_tokens):
                 break
             chosen.append(i)
+            quoted.add(said)
             words += length
         # Read in document order, as the passages came.
         chosen.sort(key=lambda i: (candidates[i][0].citation, i))

@@ -164,11 +164,14 @@ class Pipeline(ABC):
         if indexed < collection.document_count and builder is not None and builder.pending(collection.id):
             return  # still being built: the search covers what is indexed, and says so (index_note)
         if indexed < collection.document_count:
+            # The builder knows only its own process's builds: another one (`iris-rag ingest` still building
+            # after its commit, a server) may be building this index now, and the store does not say so.
             msg = (
                 f"collection {collection.id!r} has {collection.document_count} documents but the "
-                f"{self.technique} index covers {indexed} and nothing is building it now (documents ingested "
-                "while this technique was not served, or a build that failed: rag_health_check says). "
-                f"Run `iris-rag reindex --collection {collection.id}` (no re-embedding: vectors are cached)"
+                f"{self.technique} index covers {indexed} and no build of it runs in this process (documents "
+                "ingested while this technique was not served, or a build that failed: rag_health_check "
+                "says); if another process (`iris-rag ingest`, a server) is building it, wait for it, else "
+                f"run `iris-rag reindex --collection {collection.id}` (no re-embedding: vectors are cached)"
             )
             raise IndexNotBuiltError(msg, {"indexed": indexed, "documents": collection.document_count})
 

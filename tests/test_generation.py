@@ -313,3 +313,40 @@ def test_extractive_max_tokens_counts_chinese_characters_as_words() -> None:
     assert sum(line.startswith("- ") for line in answer.answer.splitlines()) == 1
     wide = ExtractiveGenerator(max_sentences=3).generate("主题", [passage], temperature=0, max_tokens=100)
     assert sum(line.startswith("- ") for line in wide.answer.splitlines()) == 3
+
+
+def _quoted(answer: str) -> list[str]:
+    return [line for line in answer.splitlines() if line.startswith("- ")]
+
+
+def test_a_sentence_in_two_overlapping_chunks_is_quoted_once(service: RagService) -> None:
+    """CHUNK_OVERLAP repeats a sentence near a chunk's end in the next chunk: both chunks were retrieved
+    and the answer quoted it twice, [1] both times."""
+    fill = [
+        "Section {} covers the configuration of the logging subsystem and its rotation policy in detail.",
+        "Entry {} explains how the scheduler orders background jobs when the queue is full of work.",
+        "Paragraph {} lists the environment variables read at start-up, with their default values.",
+    ]
+    body = [fill[i % 3].format(i) for i in range(40)]
+    target = "The kudu migration starts in October when the grass along the river turns dry."
+    body.insert(10, target)  # near the end of the first chunk: in the overlap
+    manual = {"id": "manual", "title": "Manual", "content": " ".join(body)}
+    service.ingest({"collection_id": "docs", "documents": [manual]})
+    arguments = {"query": "When does the kudu migration start?", "collection_id": "docs"}
+    result = service.execute({"technique": "basic", "arguments": arguments})
+    holding = [d["chunk_id"] for d in result["retrieved_documents"] if target in d["content"]]
+    assert len(holding) == 2, "the sentence sits in two retrieved chunks"
+    quoted = _quoted(result["answer"])
+    assert quoted.count(f"- {target} [1]") == 1
+    assert len(quoted) == len(set(quoted))
+
+
+def test_the_same_sentence_in_two_documents_is_quoted_once_from_the_first() -> None:
+    text = "Aspirin reduces heart attacks. Bleeding is a side effect."
+    twins = [Passage(1, "a", "A", text, 0.8), Passage(2, "copy-of-a", "A copy", f"{text}  ", 0.8)]
+    answer = ExtractiveGenerator(max_sentences=3).generate(
+        "does aspirin reduce heart attacks", twins, temperature=0, max_tokens=100
+    )
+    quoted = _quoted(answer.answer)
+    assert quoted == ["- Aspirin reduces heart attacks. [1]", "- Bleeding is a side effect. [1]"]
+    assert answer.answer.endswith("Sources: [1] A")

@@ -382,3 +382,25 @@ def test_a_job_that_fails_twice_is_reported_for_every_index_it_left(
     assert {state["state"] for state in states.values()} == {"failed"}
     assert "AdminShutdown" in states["graphrag"]["error"]
     assert background.health_check({})["components"]["vector_store"]["status"] == "degraded"
+
+
+def test_a_process_that_builds_nothing_does_not_claim_that_nothing_builds_the_index(
+    tmp_path: Path, embedder: Embedder, backend: str, background: RagService, background_url: str | None
+) -> None:
+    """While `iris-rag ingest` (here `background`) still builds, a query from another process (a CLI
+    query, which builds nothing) was told "nothing is building it now" and to reindex: a second build."""
+    gate = Gate(_builder(background))
+    background.ingestor.ingest("c", _sample(3))
+    reader = RagService(_settings(tmp_path, "background", backend, background_url), index_scan=[])
+    try:
+        arguments = {"query": QUERIES[0], "collection_id": "c"}
+        with pytest.raises(IndexNotBuiltError) as error:
+            reader.execute({"technique": "noderag", "arguments": arguments})
+        message = error.value.message
+        assert "nothing is building it" not in message
+        assert "no build of it runs in this process" in message
+        assert "if another process (`iris-rag ingest`, a server) is building it, wait for it" in message
+        assert error.value.details == {"indexed": 0, "documents": 3}
+    finally:
+        reader.close()
+        gate.open.set()

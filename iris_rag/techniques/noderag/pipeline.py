@@ -177,8 +177,32 @@ class NodeRagPipeline(Pipeline):
     def query_similarities(
         self, query: str, collection: CollectionInfo, documents: list[RetrievedDocument]
     ) -> dict[str, float]:
-        """Each result's best sentence cosine: its chunk id names a node, which has no stored chunk vector."""
-        return {d.chunk.chunk_id: float(d.details["leaf_score"]) for d in documents}
+        """Each result's query cosine, on every technique's scale: the best stored chunk holding its matches.
+
+        Its chunk id names a node, which has no stored vector. Not the sentence's own cosine: a short text
+        scores about 0.1 above a chunk, so an off-topic question passed the relevance floor and min_similarity
+        that rag_basic's chunks fail (docs/benchmarks.md, "Nothing relevant").
+        """
+        store = self.context.store
+        holders: dict[str, list[str]] = {}  # result chunk id -> the stored chunks holding its matches
+        chunks_of: dict[str, list[StoredChunk]] = {}
+        for document in documents:
+            document_id = document.chunk.document_id
+            if document_id not in chunks_of:
+                chunks_of[document_id] = store.get_document_chunks(collection.id, document_id)
+            matches = [c for c in document.details["context_nodes"] if c["role"] == "match"]
+            holders[document.chunk.chunk_id] = [
+                chunk.chunk_id
+                for chunk in chunks_of[document_id]
+                if any(chunk.start_char < m["end_char"] and m["start_char"] < chunk.end_char for m in matches)
+            ]
+        vector = self.context.embedder.encode_query(query)  # remembered from retrieve()
+        scores = store.vector_scores(collection.id, vector, [c for ids in holders.values() for c in ids])
+        return {
+            result: max(scores[c] for c in ids if c in scores)
+            for result, ids in holders.items()
+            if any(c in scores for c in ids)
+        }
 
     def _trees(self, collection_id: str, document_ids: list[str]) -> dict[str, _Tree]:
         store = self.context.store
