@@ -6,7 +6,8 @@
  * file does what the transport leaves to the application: the Origin check against DNS rebinding, the
  * body-size cap, API keys (auth.ts), binding each session to the key that opened it, and what a new session
  * costs: a token from the key's bucket and one of its MCP_MAX_SESSIONS_PER_KEY places (the key's least
- * recently used session is closed to make room).
+ * recently used idle session is closed to make room). A session with a call in progress is busy: neither the
+ * cap nor the idle sweeper closes it, since that would cancel the call and leave its client no answer.
  */
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server as NodeHttpServer, type ServerResponse } from "node:http";
@@ -39,7 +40,13 @@ interface Session {
   server: Server;
   /** The key that opened the session; another key cannot use it. null: no keys configured. */
   principalId: string | null;
+  /** When the session's last HTTP request arrived. */
   lastSeen: number;
+}
+
+/** When the session was last used: its last request's arrival or its last call's end; null while it is busy. */
+function idleSince({ transport, lastSeen }: Session): number | null {
+  return transport.inProgress > 0 ? null : Math.max(lastSeen, transport.settledAt);
 }
 
 const LOOPBACK_HOSTS = new Set(["localhost", "127.0.0.1", "::1", "[::1]"]);
@@ -67,6 +74,8 @@ class SessionTransport extends StreamableHTTPServerTransport {
   private readonly unsettled = new Map<RequestId, Set<RequestId>>();
   /** The requests of each POST being dispatched (the SDK passes one requestInfo to all of them). */
   private readonly posts = new WeakMap<object, Set<RequestId>>();
+  /** When a request was last answered or cancelled (0: never). */
+  private lastSettled = 0;
 
   constructor(options: ConstructorParameters<typeof StreamableHTTPServerTransport>[0]) {
     super(options);
@@ -77,6 +86,11 @@ class SessionTransport extends StreamableHTTPServerTransport {
   /** Requests this session has received and not yet answered (nor seen cancelled). */
   get inProgress(): number {
     return this.unsettled.size;
+  }
+
+  /** When a request was last answered or cancelled (0: never): a session is idle from then, not from its arrival. */
+  get settledAt(): number {
+    return this.lastSettled;
   }
 
   override async send(message: JSONRPCMessage, options?: TransportSendOptions): Promise<void> {
@@ -120,6 +134,7 @@ class SessionTransport extends StreamableHTTPServerTransport {
     const post = this.unsettled.get(id);
     if (!post) return;
     this.unsettled.delete(id);
+    this.lastSettled = Date.now();
     post.delete(id);
     // A no-op when the SDK already ended the stream (every request of the POST answered).
     if (post.size === 0) this.closeSSEStream(id);
@@ -292,20 +307,27 @@ export class HttpFrontDoor {
       }
     }
     // A session holds memory until it is closed or idles out, so a key holds only so many: past the cap its
-    // least recently used session is closed (a client that leaks sessions, one per run, keeps working; the
-    // closed session's client gets 404 and initializes again, as the specification says it should).
+    // least recently used idle session is closed (a client that leaks sessions, one per run, keeps working;
+    // the closed session's client gets 404 and initializes again, as the specification says it should).
+    // A busy session is never closed for a new one: its call would be cancelled and its client left with no
+    // answer at all. When none is idle the new session is refused instead, 429 as for the key's rate limit:
+    // the key's own quota is spent, the server is not unavailable (503 is shutdown's, and a probe's alarm).
     const max = this.config.maxSessionsPerKey;
     const held = this.sessionsOf(principal?.id ?? null);
     if (held.open.length + held.opening >= max) {
-      const oldest = held.open.sort((a, b) => a.lastSeen - b.lastSeen)[0];
+      const idle = held.open.flatMap((session) => {
+        const since = idleSince(session);
+        return since === null ? [] : [{ session, since }];
+      });
+      const oldest = idle.sort((a, b) => a.since - b.since)[0]?.session;
       if (!oldest) {
         const holder = principal ? "this key" : "this server (no RAG_AUTH_FILE: all clients together)";
-        return refuse(res, 429, `Too many sessions being opened at once for ${holder}: at most MCP_MAX_SESSIONS_PER_KEY (${max}); retry`, {
-          id,
-          data: { limit: "MCP_MAX_SESSIONS_PER_KEY", max_sessions: max },
-        });
+        const message =
+          `All MCP_MAX_SESSIONS_PER_KEY (${max}) sessions of ${holder} are busy, with a call in progress or being opened: ` +
+          "retry once a call ends, or close a session no longer used (DELETE /mcp with its mcp-session-id)";
+        return refuse(res, 429, message, { id, data: { limit: "MCP_MAX_SESSIONS_PER_KEY", max_sessions: max } });
       }
-      console.error(`[iris-rag] ${principal ? `key ${principal.id}` : "the local clients"} reached MCP_MAX_SESSIONS_PER_KEY=${max}: closing its least recently used session`);
+      console.error(`[iris-rag] ${principal ? `key ${principal.id}` : "the local clients"} reached MCP_MAX_SESSIONS_PER_KEY=${max}: closing its least recently used idle session`);
       if (oldest.transport.sessionId) this.sessions.delete(oldest.transport.sessionId);
       void oldest.transport.close().catch(() => undefined);
     }
@@ -315,6 +337,9 @@ export class HttpFrontDoor {
       await session.transport.handleRequest(request, res, body);
     } finally {
       this.opening.delete(session);
+      // The transport refused the initialize (406, 415, 400: its own checks) and gave it no session id: no
+      // client can reach this session, so nothing else would ever close it and its MCP server.
+      if (session.transport.sessionId === undefined) void session.transport.close().catch(() => undefined);
     }
   }
 
@@ -416,10 +441,12 @@ export class HttpFrontDoor {
     res.end(JSON.stringify(body));
   }
 
+  /** Close the sessions idle for MCP_SESSION_IDLE_MS; a busy one (a long ingest, say) is not idle. */
   private closeIdleSessions(): void {
     const cutoff = Date.now() - this.config.sessionIdleMs;
     for (const session of this.sessions.values()) {
-      if (session.lastSeen < cutoff) void session.transport.close().catch(() => undefined);
+      const since = idleSince(session);
+      if (since !== null && since < cutoff) void session.transport.close().catch(() => undefined);
     }
   }
 }

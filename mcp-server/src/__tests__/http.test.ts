@@ -4,6 +4,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
+import { setTimeout as delay } from "node:timers/promises";
 
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { CallToolRequestSchema, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
@@ -20,11 +21,12 @@ async function frontDoor(
   principals: unknown[],
   maxSessionsPerKey: number,
   newServer = () => new Server({ name: "t", version: "0" }, { capabilities: {} }),
+  sessionIdleMs = 60_000,
 ): Promise<{ door: HttpFrontDoor; url: string }> {
   const authFile = join(mkdtempSync(join(tmpdir(), "iris-rag-http-")), "principals.json");
   writeFileSync(authFile, JSON.stringify({ principals }));
   const core = { limiter: new RateLimiter(), newServer } as unknown as IrisRagServer;
-  const config: HttpConfig = { host: "127.0.0.1", port: 0, authFile, allowedOrigins: [], maxBodyBytes: 1 << 20, sessionIdleMs: 60_000, maxSessionsPerKey };
+  const config: HttpConfig = { host: "127.0.0.1", port: 0, authFile, allowedOrigins: [], maxBodyBytes: 1 << 20, sessionIdleMs, maxSessionsPerKey };
   const door = new HttpFrontDoor(core, config);
   const { port } = await door.listen();
   return { door, url: `http://127.0.0.1:${port}/mcp` };
@@ -61,6 +63,36 @@ describe("HTTP front door: what a key may spend", () => {
     assert.equal(third.status, 200);
     assert.deepEqual([await ping("ka", second.session!), await ping("ka", first.session!), await ping("ka", third.session!)], [404, 200, 200]);
     assert.equal(await ping("kb", other.session!), 200, "the cap is per key");
+  });
+
+  it("keeps no MCP server for an initialize the transport refuses (406, 415)", async () => {
+    // What server.ts keeps per server (its `live` set): created and not yet closed.
+    let live = 0;
+    const counted = () => {
+      const server = new Server({ name: "t", version: "0" }, { capabilities: {} });
+      live++;
+      server.onclose = () => live--;
+      return server;
+    };
+    const { door, url } = await frontDoor([{ id: "a", key_sha256: hash("ka"), scopes: ["read"], collections: "*" }], 2, counted);
+    doors.push(door);
+    const refusals = [
+      { accept: "application/json" },
+      { "content-type": "text/plain" },
+    ];
+    const statuses = new Set<number>();
+    for (let id = 1; id <= 20; id++) {
+      const headers = { ...HEADERS, authorization: "Bearer ka", ...refusals[id % 2] };
+      const response = await fetch(url, { method: "POST", headers, body: JSON.stringify(initialize(id)) });
+      await response.text();
+      statuses.add(response.status);
+    }
+    assert.deepEqual([...statuses].sort(), [406, 415]);
+    assert.equal(live, 0, "every refused initialize's server is closed");
+    const first = await post(url, "ka", initialize(30));
+    const second = await post(url, "ka", initialize(31));
+    assert.deepEqual([first.status, second.status], [200, 200], "refused initializes take none of the key's sessions");
+    assert.equal(live, 2);
   });
 
   it("spends a token per initialize, but not per ping", async () => {
@@ -195,5 +227,55 @@ describe("HTTP front door: streams of cancelled calls, and shutdown", () => {
     assert.equal(refusal?.id, 3);
     assert.match(JSON.stringify(refusal?.error), /shutting down.*REQUEST_CANCELLED/);
     await within(closed, 5_000, "close()");
+  });
+});
+
+describe("HTTP front door: a session with a call in progress is busy, not idle", () => {
+  const key = { id: "a", key_sha256: hash("ka"), scopes: ["read"], collections: "*" };
+  const ping = async (url: string, session: string) => (await post(url, "ka", { jsonrpc: "2.0", id: 50, method: "ping" }, session)).status;
+
+  it("past the cap, closes the least recently seen idle session, and refuses a new one when every session is busy", async (t) => {
+    const { newServer, release } = toolServers();
+    const { door, url } = await frontDoor([key], 2, newServer);
+    t.after(() => door.close());
+    const busy = await post(url, "ka", initialize(1));
+    const running = await open(url, "ka", toolCall(2, "wait"), busy.session!);
+    const idle = await post(url, "ka", initialize(3));
+    // The busy session was seen first: still, the idle one makes room.
+    const third = await post(url, "ka", initialize(4));
+    assert.equal(third.status, 200, third.text);
+    assert.equal(await ping(url, idle.session!), 404, "the idle session is closed");
+    const alsoRunning = await open(url, "ka", toolCall(5, "wait"), third.session!);
+    const refused = await post(url, "ka", initialize(6));
+    assert.equal(refused.status, 429);
+    const { error, id } = JSON.parse(refused.text) as { error: { message: string; data: Record<string, unknown> }; id: unknown };
+    assert.equal(id, 6);
+    assert.match(error.message, /MCP_MAX_SESSIONS_PER_KEY \(2\).*busy/);
+    assert.deepEqual(error.data, { limit: "MCP_MAX_SESSIONS_PER_KEY", max_sessions: 2 });
+    release();
+    for (const [stream, callId] of [[running, 2], [alsoRunning, 5]] as const) {
+      const [answer] = events(await within(stream.text, 3_000, `call ${callId}'s stream`));
+      assert.equal(answer?.id, callId, "the busy session's call is answered");
+    }
+    assert.equal(await ping(url, busy.session!), 200);
+    assert.equal((await post(url, "ka", initialize(7))).status, 200, "once a call ends its session is idle again");
+  });
+
+  it("the idle sweeper leaves a session with a call in progress, and counts its idle time from the call's end", async (t) => {
+    const { newServer, release } = toolServers();
+    const { door, url } = await frontDoor([key], 32, newServer, 300);
+    t.after(() => door.close());
+    const busy = await post(url, "ka", initialize(1));
+    const running = await open(url, "ka", toolCall(2, "wait"), busy.session!);
+    const idle = await post(url, "ka", initialize(3));
+    await delay(1_000);
+    assert.equal(await ping(url, idle.session!), 404, "the idle session is closed");
+    release();
+    const [answer] = events(await within(running.text, 3_000, "the running call's stream"));
+    assert.equal(answer?.id, 2, "the busy session's call is answered");
+    await delay(150);
+    assert.equal(await ping(url, busy.session!), 200, "idle for 150 ms, not since the call arrived");
+    await delay(1_000);
+    assert.equal(await ping(url, busy.session!), 404, "idle once its call ended");
   });
 });
