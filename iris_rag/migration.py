@@ -60,6 +60,15 @@ class BulkLoading(Protocol):
         ...
 
 
+@runtime_checkable
+class Identifiable(Protocol):
+    """A store whose server tells whether another opened store is the same one."""
+
+    def same_store_as(self, other: object) -> bool:
+        """PostgresStore.same_store_as."""
+        ...
+
+
 def _load_transaction(target: DocumentStore) -> AbstractContextManager[Any]:
     """The target's bulk load where it has one, else its plain transaction."""
     return target.bulk_load() if isinstance(target, BulkLoading) else target.transaction()
@@ -193,8 +202,12 @@ def migrate(
     Every collection is checked before any is written: a missing source collection, one the target
     already holds while replace is False, or technique rows the target cannot store (unless that technique
     is in `skip`: its rows stay behind, and it answers INDEX_NOT_BUILT there until a reindex) refuse the
-    whole run.
+    whole run. So does a target that is the source, however its server was reached (replace would delete
+    the collection it copies).
     """
+    if source is target or (isinstance(source, Identifiable) and source.same_store_as(target)):
+        msg = "the source and the target are the same store, reached at two addresses: nothing was copied"
+        raise InvalidParametersError(msg)
     unknown = sorted(skip - _CONTRACTS.keys())
     if unknown:
         msg = f"unknown techniques to skip {unknown}; techniques with rows: {', '.join(_CONTRACTS)}"

@@ -22,6 +22,10 @@ from iris_rag.text import without_nul
 logger = logging.getLogger(__name__)
 
 WINDOWS_S = {"1h": 3600, "24h": 86_400, "7d": 7 * 86_400, "30d": 30 * 86_400}
+# Records older than the longest window are read by no query: the writer deletes them, at most once per
+# PRUNE_EVERY_S in each process (a DELETE per record would cost as much as the record).
+RETAINED_S = max(WINDOWS_S.values())
+PRUNE_EVERY_S = 3600
 RECENT_CALLS = 20  # rag_metrics' recent_calls: the window's latest calls, newest first
 MAX_ID_CHARS = 128  # common.json's request_id and session_id
 
@@ -43,7 +47,8 @@ class Monitor:
 
     Records are written by a background thread: a write to the store never delays the answer it describes.
     Until a record is stored it is also kept in memory, so metrics never wait for that write (which may
-    wait for an ingest's write lock) and still count every call.
+    wait for an ingest's write lock) and still count every call. The same thread deletes the records no
+    window reaches any more (RETAINED_S), so a long-running service's call log stays bounded.
     """
 
     def __init__(self, store: CallLog) -> None:
@@ -53,6 +58,7 @@ class Monitor:
         self._unstored: dict[int, CallRecord] = {}
         self._unstored_lock = threading.Lock()
         self._numbers = itertools.count()
+        self._pruned_at = 0.0  # when this process last deleted expired records: its first record prunes
         threading.Thread(target=self._write_forever, name="monitor", daemon=True).start()
 
     def record(
@@ -100,8 +106,24 @@ class Monitor:
             else:
                 with self._unstored_lock:
                     del self._unstored[number]
+                self._prune_when_due()
             finally:
                 self._pending.task_done()
+
+    def _prune_when_due(self) -> None:
+        """Delete the records older than RETAINED_S, if the last time was PRUNE_EVERY_S ago; never raises."""
+        now = time.time()
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        try:
+            self.store.forget_calls_before(now - RETAINED_S)
+        except Exception as exc:  # tried again in an hour; the records stay readable meanwhile
+            failure = connection_failure(exc)
+            if failure is None:
+                logger.exception("could not delete expired call records")
+            else:
+                logger.warning("could not delete expired call records: %s", failure.message)
 
     def flush(self) -> None:
         """Wait until every queued record is stored."""

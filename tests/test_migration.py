@@ -7,8 +7,12 @@ copied by the real command to PostgreSQL (pgserver) and to another SQLite file.
 from __future__ import annotations
 
 import itertools
+import secrets
 import socket
 import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -520,6 +524,121 @@ def test_the_same_store_spelled_otherwise_is_refused_before_anything_is_written(
     assert not same.same_store(StoreSpec.parse("postgresql://alice:pw@db.example:5432/other"))
     assert not same.same_store(StoreSpec.parse("postgresql://alice:pw@db2.example:5432/rag"))
     assert not same.same_store(StoreSpec.parse(f"sqlite:{path}"))
+
+
+@contextmanager
+def _tcp_port_of(socket_path: str) -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that carries each connection to a Unix socket (the pgserver fixture listens
+    on its socket alone): the one server reached by TCP too, as localhost or as 127.0.0.1."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            source.close()
+            sink.close()
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            server = socket.socket(socket.AF_UNIX)
+            server.connect(socket_path)
+            for ends in ((client, server), (server, client)):
+                threading.Thread(target=pipe, args=ends, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        listener.close()
+
+
+@contextmanager
+def _databases_of_a_plain_role(admin_url: str, *names: str) -> Iterator[str]:
+    """Databases owned by a new role without superuser (the vector extension made for it): the role."""
+    import psycopg
+
+    role = f"migrator_{secrets.token_hex(4)}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER")
+        for name in names:
+            admin.execute(f"CREATE DATABASE {name} OWNER {role}")
+            with psycopg.connect(admin_url.replace("/postgres?", f"/{name}?", 1), autocommit=True) as db:
+                db.execute("CREATE EXTENSION vector")
+    try:
+        yield role
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            for name in names:
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            admin.execute(f"DROP ROLE {role}")
+
+
+def test_one_postgres_database_through_another_address_is_refused_and_two_databases_are_not(
+    source: Source,
+    postgres_server: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """localhost, 127.0.0.1 and the server's socket (through a symlinked folder too) name one server, which
+    the URLs alone cannot tell: --replace then deleted the collection it was copying, or waited for ever on
+    its own lock (a lock timeout here makes that a failure)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=10s")
+
+    server = conninfo_to_dict(postgres_server)
+    folder, port = str(server["host"]), str(server.get("port") or 5432)
+    (tmp_path / "link").symlink_to(folder)
+    one, two = f"one_{secrets.token_hex(4)}", f"two_{secrets.token_hex(4)}"
+    with (
+        _databases_of_a_plain_role(postgres_server, one, two) as role,
+        _tcp_port_of(f"{folder}/.s.PGSQL.{port}") as tcp,
+    ):
+
+        def spellings(database: str) -> list[str]:
+            return [
+                f"postgresql://{role}@/{database}?host={folder}&port={port}",
+                f"postgresql://{role}@localhost:{tcp}/{database}",
+                f"postgresql://{role}@127.0.0.1:{tcp}/{database}",
+                f"postgresql://{role}@/{database}?host={tmp_path / 'link'}&port={port}",
+            ]
+
+        code, _, err = _migrate(
+            "--from",
+            f"sqlite:{source.path}",
+            "--to",
+            spellings(one)[0],
+            "--collection",
+            "other",
+            capsys=capsys,
+        )
+        assert code == 0, err
+        for source_url, target_url in itertools.permutations(spellings(one), 2):
+            code, out, err = _migrate(
+                "--from", source_url, "--to", target_url, "--collection", "other", "--replace", capsys=capsys
+            )
+            assert code == 2 and "the same store" in err and out == "", (source_url, target_url, err)
+        settings = Settings(RAG_STORE="postgres", RAG_POSTGRES_URL=spellings(one)[0], RAG_DATA_DIR=tmp_path)
+        store = create_store(settings)
+        try:
+            info = store.get_collection("other")
+            assert info is not None and info.document_count == 1
+        finally:
+            store.close()
+        # Two databases of one server are two stores, however each is reached.
+        code, out, err = _migrate(
+            "--from", spellings(one)[1], "--to", spellings(two)[2], "--collection", "other", capsys=capsys
+        )
+        assert code == 0 and orjson.loads(out)["documents"] == 1, err
 
 
 def test_replace_names_the_structured_tables_it_drops_from_the_target_collection(

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from iris_rag.backends.sqlite.store import SqliteStore
-from iris_rag.monitor import Monitor
+from iris_rag.monitor import PRUNE_EVERY_S, WINDOWS_S, Monitor
 from iris_rag.service import RagService
-from iris_rag.stores.base import CallRecord
+from iris_rag.stores.base import CallRecord, DocumentStore
 from tests.conftest import raise_unwritable_store
 
 
@@ -116,3 +116,26 @@ def test_a_store_that_cannot_be_written_costs_one_log_line_per_record(
     assert len(lines) == 3
     assert all(r.exc_info is None and "RAG_DATA_DIR" in r.getMessage() for r in lines)
     assert monitor.metrics("1h")["overall"]["request_count"] == 3  # still counted from memory
+
+
+def test_records_no_window_reaches_are_deleted_at_most_once_an_hour(any_store: DocumentStore) -> None:
+    """The call log was never pruned: a long-running shared service grew it for ever."""
+    now = time.time()
+    expired = CallRecord(now - WINDOWS_S["30d"] - 60, "rag_basic", "basic", 1.0, True, None)
+    kept = CallRecord(now - WINDOWS_S["30d"] + 600, "rag_basic", "basic", 2.0, True, None)
+    any_store.record_call(expired)
+    any_store.record_call(kept)
+    monitor = Monitor(any_store)
+    monitor.record("rag_basic", "basic", 3.0, True, None)  # a process's first record prunes
+    monitor.flush()
+    assert [r.duration_ms for r in any_store.calls_since(0)] == [2.0, 3.0]
+    assert monitor.metrics("30d")["overall"]["request_count"] == 2
+    # Not on every record: the next prune waits an hour.
+    any_store.record_call(expired)
+    monitor.record("rag_basic", "basic", 4.0, True, None)
+    monitor.flush()
+    assert [r.duration_ms for r in any_store.calls_since(0)] == [1.0, 2.0, 3.0, 4.0]
+    monitor._pruned_at -= PRUNE_EVERY_S
+    monitor.record("rag_basic", "basic", 5.0, True, None)
+    monitor.flush()
+    assert [r.duration_ms for r in any_store.calls_since(0)] == [2.0, 3.0, 4.0, 5.0]

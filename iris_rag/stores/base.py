@@ -404,6 +404,9 @@ class CallLog(Protocol):
     def calls_since(self, since: float) -> list[CallRecord]:
         """Every call record at or after a UNIX time."""
 
+    def forget_calls_before(self, before: float) -> None:
+        """Delete every call record before a UNIX time."""
+
 
 class DocumentStore(Collections, Documents, DenseSearch, KeywordSearch, EmbeddingCache, CallLog, Protocol):
     """A whole store: what the service hands pipelines and ingestion (each part above is its own contract)."""

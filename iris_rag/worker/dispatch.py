@@ -21,6 +21,10 @@ logger = logging.getLogger(__name__)
 CONTROL = frozenset({"describe", "health_check", "metrics", "list_collections", "record_call", "shutdown"})
 # `cancel` is answered by the reader thread itself (worker/server.py), never queued behind work.
 
+# Makes the answer of an outcome; returns the error code the answer carries in its place when the outcome
+# cannot go out as it is (RESULT_TOO_LARGE), else None (the worker's: its answer line).
+Encoder = Callable[[bool, dict[str, Any]], str | None]
+
 
 class Dispatcher:
     """Calls the service method a request names and shapes its outcome."""
@@ -38,13 +42,22 @@ class Dispatcher:
         }
 
     def call(
-        self, method: str, params: dict[str, Any], principal: Principal | None = None
+        self,
+        method: str,
+        params: dict[str, Any],
+        principal: Principal | None = None,
+        encode: Encoder | None = None,
     ) -> tuple[bool, dict[str, Any]]:
-        """Run one method for `principal` (None: the local user): (True, result) or (False, error)."""
-        with principal_scope(principal):
-            return self._call(method, params)
+        """Run one method for `principal` (None: the local user): (True, result) or (False, error).
 
-    def _call(self, method: str, params: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        `encode` makes the answer before the call is recorded: a call is recorded as its caller got it.
+        """
+        with principal_scope(principal):
+            return self._call(method, params, encode)
+
+    def _call(
+        self, method: str, params: dict[str, Any], encode: Encoder | None
+    ) -> tuple[bool, dict[str, Any]]:
         started = time.perf_counter()
         error_code: str | None = None
         # The caller's request_id and session_id: echoed in the answer, stored with the call record.
@@ -74,14 +87,16 @@ class Dispatcher:
                 logger.exception("unexpected error in %s", method)
                 error_code = "INTERNAL_ERROR"
                 outcome = (False, {"code": error_code, "message": f"{type(exc).__name__}: {exc}"})
+        if not outcome[0] and correlation:
+            outcome = (False, _echo_error(outcome[1], correlation))
+        if encode is not None:
+            error_code = encode(*outcome) or error_code
         token = current_token()
         if token is not None and token.cancelled:
             # The client saw TIMEOUT_EXCEEDED (or nothing, after its cancel), whatever the work did after.
             error_code = "TIMEOUT_EXCEEDED" if token.reason == TIMEOUT_REASON else "REQUEST_CANCELLED"
         if method in self.monitored:
             self._record(method, params, (time.perf_counter() - started) * 1000, error_code, correlation)
-            if not outcome[0] and correlation:
-                outcome = (False, _echo_error(outcome[1], correlation))
         return outcome
 
     def _record(

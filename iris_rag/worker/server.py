@@ -89,29 +89,25 @@ class WorkerServer:
 
     def answer(self, request: Request, token: CancelToken | None = None) -> None:
         """Run one request and write its answer (on a pool thread), inside its cancellation scope."""
+        lines: list[bytes] = []
+
+        def encode(ok: bool, payload: dict[str, Any]) -> str | None:
+            line, refused = _answer_line(request, ok, payload)
+            lines.append(line)
+            return refused
+
         try:
             if token is None:
-                ok, payload = self.dispatcher.call(request.method, request.params, request.principal)
+                self.dispatcher.call(request.method, request.params, request.principal, encode)
             else:
                 sink = ProgressSink(lambda steps, message: self._progress(request.id, steps, message))
                 with cancellation_scope(token), progress_scope(sink):
-                    ok, payload = self.dispatcher.call(request.method, request.params, request.principal)
+                    self.dispatcher.call(request.method, request.params, request.principal, encode)
         finally:
             with self._tokens_lock:
                 self._tokens.pop(request.id, None)
         try:
-            line = success_line(request.id, payload) if ok else error_line(request.id, payload)
-        except (
-            TypeError,
-            ValueError,
-        ) as exc:  # a result orjson refuses: answer, or the caller waits for ever
-            logger.exception("the answer to %s could not be encoded", request.method)
-            message = f"the answer could not be encoded ({exc}); this is a server bug, please report it"
-            line = error_line(request.id, {"code": "INTERNAL_ERROR", "message": message})
-        if len(line) > MAX_ANSWER_BYTES:
-            line = error_line(request.id, _too_large(request.method, len(line)).to_dict())
-        try:
-            self.write(line)
+            self.write(lines[0])
         except OSError as exc:
             # The front end has gone (a broken pipe): nobody is left to answer.
             logger.warning("could not answer request %r: %s", request.id, exc)
@@ -189,6 +185,20 @@ class WorkerServer:
         self.work.shutdown(wait=False, cancel_futures=True)
         self.control.shutdown(wait=False, cancel_futures=True)
         return not unfinished
+
+
+def _answer_line(request: Request, ok: bool, payload: dict[str, Any]) -> tuple[bytes, str | None]:
+    """The answer line of an outcome, and the error code it carries in its place if it cannot carry it."""
+    try:
+        line = success_line(request.id, payload) if ok else error_line(request.id, payload)
+    except (TypeError, ValueError) as exc:  # a result orjson refuses: answer, or the caller waits for ever
+        logger.exception("the answer to %s could not be encoded", request.method)
+        message = f"the answer could not be encoded ({exc}); this is a server bug, please report it"
+        return error_line(request.id, {"code": "INTERNAL_ERROR", "message": message}), "INTERNAL_ERROR"
+    if len(line) > MAX_ANSWER_BYTES:
+        too_large = _too_large(request.method, len(line))
+        return error_line(request.id, too_large.to_dict()), too_large.code
+    return line, None
 
 
 def _too_large(method: str, size: int) -> ResultTooLargeError:

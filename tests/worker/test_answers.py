@@ -48,6 +48,25 @@ def test_an_answer_past_the_line_cap_is_answered_as_result_too_large(service: Ra
     assert orjson.loads(output.getvalue()[len(line) :])["result"] == {"blob": "x"}
 
 
+def test_an_answer_that_could_not_go_out_is_recorded_as_the_failure_the_caller_got(
+    service: RagService,
+) -> None:
+    """The call record was written before the answer was encoded: rag_metrics counted it a success."""
+    dispatcher = Dispatcher(service)
+    dispatcher.methods["get_document"] = lambda _params: {"blob": "x" * MAX_ANSWER_BYTES}
+    dispatcher.methods["list_documents"] = lambda _params: {"n": 10**20}
+    server = WorkerServer(dispatcher, io.BytesIO(), work_threads=1)
+    server.answer(Request("big", "get_document", {"request_id": "r-big"}))
+    server.answer(Request("odd", "list_documents", {}))
+    service.monitor.flush()
+    by_tool = service.metrics({"time_range": "1h"})["by_tool"]
+    too_large, unencodable = by_tool["rag_get_document"], by_tool["rag_list_documents"]
+    assert (too_large["error_count"], too_large["error_codes"]) == (1, {"RESULT_TOO_LARGE": 1})
+    assert (unencodable["error_count"], unencodable["error_codes"]) == (1, {"INTERNAL_ERROR": 1})
+    recent = service.metrics({"time_range": "1h"})["recent_calls"]
+    assert any(c["request_id"] == "r-big" and c["success"] is False for c in recent)
+
+
 def test_the_front_end_reads_every_answer_line_the_worker_may_write() -> None:
     source = (Path(__file__).resolve().parents[2] / "mcp-server" / "src" / "bridge.ts").read_text(
         encoding="utf-8"

@@ -1006,6 +1006,11 @@ class IrisStore:
         )
         return [CallRecord(float(r[0]), r[1], r[2], float(r[3]), bool(r[4]), r[5], r[6]) for r in rows]
 
+    def forget_calls_before(self, before: float) -> None:
+        """Delete every call record before a UNIX time."""
+        with self.transaction():
+            self.execute(f"DELETE FROM {SCHEMA}.Calls WHERE ts < ?", (before,))
+
     def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details (where, never the password)."""
         counts = self.rows(

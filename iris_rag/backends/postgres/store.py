@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import select
 import threading
 from collections import Counter
@@ -352,6 +353,31 @@ class PostgresStore:
     def ping(self) -> None:
         """Run a trivial query."""
         self.connection().execute("SELECT 1").fetchone()
+
+    def same_store_as(self, other: object) -> bool:
+        """Whether another opened store is this one, however its URL reaches the server (migrate's check).
+
+        Asked of the servers, since URLs cannot tell (localhost, 127.0.0.1, a socket, a proxy): this store
+        holds an advisory lock on a random key in a transaction while the other tries to take it, which
+        fails only in the same database of the same server (advisory locks belong to a database). Any role
+        may take one, and nothing is written. There, the same store is the same tables: those the
+        unqualified names reach through each login's search_path.
+        """
+        if other is self:
+            return True
+        if not isinstance(other, PostgresStore):
+            return False
+        key = secrets.randbits(63)
+        probe = "to_regclass('collections')::oid AS tables"
+        with self.transaction() as connection:
+            mine = connection.execute(f"SELECT pg_advisory_xact_lock(%s), {probe}", (key,)).fetchone()
+            theirs = (
+                other.connection()
+                .execute(f"SELECT pg_try_advisory_xact_lock(%s) AS free, {probe}", (key,))
+                .fetchone()
+            )
+        assert mine is not None and theirs is not None
+        return not theirs["free"] and mine["tables"] == theirs["tables"]
 
     def close(self) -> None:
         """Give back every thread's connection and close the pool."""
@@ -1303,6 +1329,10 @@ class PostgresStore:
             self.connection().execute("SELECT * FROM calls WHERE ts >= %s ORDER BY ts", (since,)).fetchall()
         )
         return [call_record(r) for r in rows]
+
+    def forget_calls_before(self, before: float) -> None:
+        """Delete every call record before a UNIX time."""
+        self.connection().execute("DELETE FROM calls WHERE ts < %s", (before,))
 
     def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details (the URL without its password)."""

@@ -1639,6 +1639,11 @@ class SqliteStore:
         )
         return [call_record(row) for row in rows]
 
+    def forget_calls_before(self, before: float) -> None:
+        """Delete every call record before a UNIX time."""
+        with self._write_lock:
+            self._connection().execute("DELETE FROM calls WHERE ts < ?", (before,))
+
     def stats(self) -> dict[str, Any]:
         """Sizes and counts for health details."""
         connection = self._connection()
