@@ -7,16 +7,19 @@ import logging
 import queue
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from iris_rag.access import current_principal
 from iris_rag.backends import connection_failure
 from iris_rag.schemas import CORRELATION_FIELDS
-from iris_rag.stores.base import CallLog, CallRecord
+from iris_rag.stores.base import CallFigures, CallFilter, CallLog, CallRecord
 from iris_rag.text import without_nul
 
 logger = logging.getLogger(__name__)
@@ -27,6 +30,9 @@ WINDOWS_S = {"1h": 3600, "24h": 86_400, "7d": 7 * 86_400, "30d": 30 * 86_400}
 RETAINED_S = max(WINDOWS_S.values())
 PRUNE_EVERY_S = 3600
 RECENT_CALLS = 20  # rag_metrics' recent_calls: the window's latest calls, newest first
+# Health's performance block is this fresh at worst: GET /health may ask once a second, and the store's sums
+# cover every call of the hour.
+SUMMARY_FRESH_S = 5.0
 MAX_ID_CHARS = 128  # common.json's request_id and session_id
 
 
@@ -59,6 +65,8 @@ class Monitor:
         self._unstored_lock = threading.Lock()
         self._numbers = itertools.count()
         self._pruned_at = 0.0  # when this process last deleted expired records: its first record prunes
+        # performance()'s answers by window and key, with when each was computed.
+        self._summaries: dict[tuple[str, str | None], tuple[float, dict[str, Any]]] = {}
         threading.Thread(target=self._write_forever, name="monitor", daemon=True).start()
 
     def record(
@@ -135,73 +143,175 @@ class Monitor:
         """Counts, rates and latency percentiles, overall, per technique and per tool; never waits."""
         now = time.time()
         window = WINDOWS_S[time_range]
-        records = self._calls_since(now - window)
         # One name or several (the spec's array); reported as a list either way.
         techniques = [technique_filter] if isinstance(technique_filter, str) else technique_filter
-        if techniques is not None:
-            records = [r for r in records if r.technique in techniques]
-        # Everyone's calls for the local user and admins (with a breakdown); a key's own calls otherwise.
-        caller = current_principal()
-        everyone = caller is None or caller.admin
-        if caller is not None and not everyone:
-            records = [r for r in records if r.principal == caller.id]
+        which = _callers_calls(now - window, techniques)
+        # Memory first, then the store: a record stored in between is in both, and counted once.
+        unstored = [r for r in self._unstored_since(which.since) if _covers(which, r)]
+        stored = self.store.call_figures(which)
+        later = stored[
+            bisect_left(stored, min((r.timestamp for r in unstored), default=now), key=_timestamp) :
+        ]
+        unstored = _unmatched(unstored, later, _figures)
+        calls = _Calls([*stored, *(_figures(r) for r in unstored)])
         minutes = window / 60
-        by_technique: dict[str, list[CallRecord]] = defaultdict(list)
-        by_tool: dict[str, list[CallRecord]] = defaultdict(list)
-        for record in records:
-            by_tool[record.tool].append(record)
-            if record.technique:
-                by_technique[record.technique].append(record)
+        recent = self.store.recent_calls(which, RECENT_CALLS)
+        newest = sorted([*recent, *_unmatched(unstored, recent)], key=lambda r: -r.timestamp)[:RECENT_CALLS]
         return {
             "time_range": time_range,
             "window_start": _iso(now - window),
             "window_end": _iso(now),
             "technique_filter": techniques,
-            "overall": call_stats(records, minutes),
-            "by_technique": {name: call_stats(rs, minutes) for name, rs in sorted(by_technique.items())},
-            "by_tool": {name: call_stats(rs, minutes) for name, rs in sorted(by_tool.items())},
-            **({"by_principal": _by_principal(records, minutes)} if everyone else {}),
-            "recent_calls": [_call_summary(r) for r in sorted(records, key=lambda r: -r.timestamp)][
-                :RECENT_CALLS
-            ],
+            "overall": calls.stats(np.arange(len(calls.durations)), minutes),
+            "by_technique": calls.grouped(calls.techniques, minutes),
+            "by_tool": calls.grouped(calls.tools, minutes),
+            **({"by_principal": calls.grouped(calls.principals, minutes)} if which.principal is None else {}),
+            "recent_calls": [_call_summary(r) for r in newest],
         }
 
-    def _calls_since(self, since: float) -> list[CallRecord]:
-        """Stored records (read without the write lock: WAL readers never wait) and those not yet stored."""
-        # Memory first, then the store: a record stored in between is in both, and counted once.
+    def performance(self, time_range: str = "1h") -> dict[str, Any]:
+        """Health's summary of the caller's calls in a window: the store's sums, up to SUMMARY_FRESH_S old."""
+        now = time.time()
+        window = WINDOWS_S[time_range]
+        which = _callers_calls(now - window)
+        cached = self._summaries.get((time_range, which.principal))
+        if cached is not None and now - cached[0] < SUMMARY_FRESH_S:
+            return dict(cached[1])
+        unstored = [r for r in self._unstored_since(which.since) if _covers(which, r)]
+        if unstored:
+            # The store sums the rows before the first record in memory and hands over those from it on, so
+            # a record stored in between is matched and counted once.
+            first = min(r.timestamp for r in unstored)
+            totals = self.store.call_totals(which, first)
+            later = [r for r in self.store.calls_since(first) if _covers(which, r)]
+            records = [*later, *_unmatched(unstored, later)]
+            count = totals.count + len(records)
+            successes = totals.successes + sum(r.success for r in records)
+            duration_ms = totals.duration_ms + sum(r.duration_ms for r in records)
+        else:
+            totals = self.store.call_totals(which)
+            count, successes, duration_ms = totals.count, totals.successes, totals.duration_ms
+        summary = {
+            "window": time_range,
+            "request_count": count,
+            "avg_response_time_ms": round(duration_ms / count, 3) if count else 0.0,
+            "requests_per_minute": round(count / (window / 60), 4),
+            "error_rate": _share(count - successes, count),
+        }
+        self._summaries[time_range, which.principal] = (now, summary)
+        return dict(summary)
+
+    def _unstored_since(self, since: float) -> list[CallRecord]:
+        """The records in memory (not stored yet, or stored a moment ago) at or after a UNIX time."""
         with self._unstored_lock:
-            unstored = [r for r in self._unstored.values() if r.timestamp >= since]
-        stored = self.store.calls_since(since)
-        seen = Counter(stored)
-        records = list(stored)
-        for record in unstored:
-            if seen[record] > 0:
-                seen[record] -= 1
-            else:
-                records.append(record)
-        return records
+            return [r for r in self._unstored.values() if r.timestamp >= since]
 
 
-def call_stats(records: list[CallRecord], window_minutes: float) -> dict[str, Any]:
-    """Statistics of one group of calls."""
-    count = len(records)
-    successes = sum(r.success for r in records)
-    durations = np.array([r.duration_ms for r in records], dtype=np.float64)
-    p50, p95, p99 = np.percentile(durations, [50, 95, 99]) if count else (0.0, 0.0, 0.0)
-    return {
-        "request_count": count,
-        "success_count": successes,
-        "error_count": count - successes,
-        "success_rate": round(successes / count, 4) if count else 0.0,
-        "error_rate": round((count - successes) / count, 4) if count else 0.0,
-        "avg_ms": round(float(durations.mean()), 3) if count else 0.0,
-        "p50_ms": round(float(p50), 3),
-        "p95_ms": round(float(p95), 3),
-        "p99_ms": round(float(p99), 3),
-        "requests_per_minute": round(count / window_minutes, 4),
-        "error_codes": dict(Counter(r.error_code for r in records if r.error_code)),
-        "last_execution_time": _iso(max(r.timestamp for r in records), "milliseconds") if count else None,
-    }
+def _callers_calls(since: float, techniques: list[str] | None = None) -> CallFilter:
+    """The calls the caller sees: everyone's for the local user and admins, a key's own otherwise."""
+    caller = current_principal()
+    return CallFilter(since, techniques, None if caller is None or caller.admin else caller.id)
+
+
+class _Calls:
+    """Call figures column by column: each group's statistics without a Python object per call."""
+
+    def __init__(self, figures: list[CallFigures]) -> None:
+        timestamps, tools, techniques, durations, successes, error_codes, principals = (
+            zip(*figures, strict=True) if figures else ((),) * 7
+        )
+        self.timestamps = np.array(timestamps, dtype=np.float64)
+        self.durations = np.array(
+            durations, dtype=np.float64
+        )  # in time order, as the mean always summed them
+        self.successes = np.array(successes, dtype=np.bool_)
+        self.tools: tuple[str, ...] = tools
+        self.techniques: tuple[str | None, ...] = techniques
+        self.principals = tuple(p or "local" for p in principals)  # the local user's calls (stdio, CLI)
+        self.error_codes: tuple[str | None, ...] = error_codes
+        self.erring = np.array([i for i, code in enumerate(error_codes) if code], dtype=np.intp)
+
+    def grouped(self, keys: tuple[str | None, ...], window_minutes: float) -> dict[str, Any]:
+        """Statistics per key, by name (calls with no key, such as no technique, in none)."""
+        groups: dict[str, list[int]] = defaultdict(list)
+        for position, key in enumerate(keys):
+            if key:
+                groups[key].append(position)
+        return {
+            name: self.stats(np.array(ps, dtype=np.intp), window_minutes)
+            for name, ps in sorted(groups.items())
+        }
+
+    def stats(self, positions: npt.NDArray[np.intp], window_minutes: float) -> dict[str, Any]:
+        """Statistics of one group of calls, by their positions (ascending)."""
+        count = len(positions)
+        successes = int(np.count_nonzero(self.successes[positions]))
+        durations = self.durations[positions]
+        p50, p95, p99 = np.percentile(durations, [50, 95, 99]) if count else (0.0, 0.0, 0.0)
+        erring = self.erring[np.isin(self.erring, positions)]
+        return {
+            "request_count": count,
+            "success_count": successes,
+            "error_count": count - successes,
+            "success_rate": _share(successes, count),
+            "error_rate": _share(count - successes, count),
+            "avg_ms": round(float(durations.mean()), 3) if count else 0.0,
+            "p50_ms": round(float(p50), 3),
+            "p95_ms": round(float(p95), 3),
+            "p99_ms": round(float(p99), 3),
+            "requests_per_minute": round(count / window_minutes, 4),
+            # By first occurrence, as the codes came.
+            "error_codes": dict(Counter(self.error_codes[i] for i in erring)),
+            "last_execution_time": _iso(float(self.timestamps[positions].max()), "milliseconds")
+            if count
+            else None,
+        }
+
+
+def _share(part: int, count: int) -> float:
+    return round(part / count, 4) if count else 0.0
+
+
+def _figures(record: CallRecord) -> CallFigures:
+    """A record as the store's call_figures reads it."""
+    return (
+        record.timestamp,
+        record.tool,
+        record.technique,
+        record.duration_ms,
+        record.success,
+        record.error_code,
+        record.principal,
+    )
+
+
+def _timestamp(figures: CallFigures) -> float:
+    return figures[0]
+
+
+def _covers(which: CallFilter, record: CallRecord) -> bool:
+    """Whether a record is one the filter's store read would return."""
+    return (
+        record.timestamp >= which.since
+        and (which.techniques is None or record.technique in which.techniques)
+        and (which.principal is None or record.principal == which.principal)
+    )
+
+
+def _unmatched(
+    records: list[CallRecord],
+    present: Iterable[Hashable],
+    as_read: Callable[[CallRecord], Hashable] = lambda record: record,
+) -> list[CallRecord]:
+    """The records not among those the store read (each one read matches one record)."""
+    seen = Counter(present)
+    missing = []
+    for record in records:
+        if seen[as_read(record)] > 0:
+            seen[as_read(record)] -= 1
+        else:
+            missing.append(record)
+    return missing
 
 
 def _call_summary(record: CallRecord) -> dict[str, Any]:
@@ -216,14 +326,6 @@ def _call_summary(record: CallRecord) -> dict[str, Any]:
         "request_id": record.request_id,
         "session_id": record.session_id,
     }
-
-
-def _by_principal(records: list[CallRecord], window_minutes: float) -> dict[str, Any]:
-    """Statistics per caller; the local user's calls (stdio, CLI) under "local"."""
-    groups: dict[str, list[CallRecord]] = defaultdict(list)
-    for record in records:
-        groups[record.principal or "local"].append(record)
-    return {name: call_stats(rs, window_minutes) for name, rs in sorted(groups.items())}
 
 
 def _iso(timestamp: float, timespec: str = "seconds") -> str:

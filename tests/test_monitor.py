@@ -1,18 +1,22 @@
+import random
 import sqlite3
 import threading
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from iris_rag.access import Principal, principal_scope
 from iris_rag.backends.sqlite.store import SqliteStore
 from iris_rag.monitor import PRUNE_EVERY_S, WINDOWS_S, Monitor
 from iris_rag.service import RagService
-from iris_rag.stores.base import CallRecord, DocumentStore
+from iris_rag.stores.base import CallFilter, CallRecord, CallTotals, DocumentStore
 from tests.conftest import raise_unwritable_store
 
 
@@ -139,3 +143,177 @@ def test_records_no_window_reaches_are_deleted_at_most_once_an_hour(any_store: D
     monitor.record("rag_basic", "basic", 5.0, True, None)
     monitor.flush()
     assert [r.duration_ms for r in any_store.calls_since(0)] == [2.0, 3.0, 4.0, 5.0]
+
+
+def _stats_of_every_record(records: list[CallRecord], window_minutes: float) -> dict[str, Any]:
+    """One group's figures as the monitor computed them from every record read into Python."""
+    count = len(records)
+    successes = sum(r.success for r in records)
+    durations = np.array([r.duration_ms for r in records], dtype=np.float64)
+    p50, p95, p99 = np.percentile(durations, [50, 95, 99]) if count else (0.0, 0.0, 0.0)
+    last = max((r.timestamp for r in records), default=None)
+    return {
+        "request_count": count,
+        "success_count": successes,
+        "error_count": count - successes,
+        "success_rate": round(successes / count, 4) if count else 0.0,
+        "error_rate": round((count - successes) / count, 4) if count else 0.0,
+        "avg_ms": round(float(durations.mean()), 3) if count else 0.0,
+        "p50_ms": round(float(p50), 3),
+        "p95_ms": round(float(p95), 3),
+        "p99_ms": round(float(p99), 3),
+        "requests_per_minute": round(count / window_minutes, 4),
+        "error_codes": dict(Counter(r.error_code for r in records if r.error_code)),
+        "last_execution_time": None
+        if last is None
+        else datetime.fromtimestamp(last, UTC).isoformat("T", "milliseconds"),
+    }
+
+
+def _metrics_of_every_record(
+    records: list[CallRecord], window_s: int, techniques: list[str] | None, caller: Principal | None
+) -> dict[str, Any]:
+    """rag_metrics' figures (less the window's ends) as computed before from every record of the window."""
+    if techniques is not None:
+        records = [r for r in records if r.technique in techniques]
+    everyone = caller is None or caller.admin
+    if not everyone:
+        records = [r for r in records if caller is not None and r.principal == caller.id]
+    minutes = window_s / 60
+
+    def grouped(key: Callable[[CallRecord], str | None]) -> dict[str, Any]:
+        groups: dict[str, list[CallRecord]] = defaultdict(list)
+        for record in records:
+            if name := key(record):
+                groups[name].append(record)
+        return {name: _stats_of_every_record(rs, minutes) for name, rs in sorted(groups.items())}
+
+    newest = sorted(records, key=lambda r: -r.timestamp)[:20]
+    return {
+        "technique_filter": techniques,
+        "overall": _stats_of_every_record(records, minutes),
+        "by_technique": grouped(lambda r: r.technique),
+        "by_tool": grouped(lambda r: r.tool),
+        **({"by_principal": grouped(lambda r: r.principal or "local")} if everyone else {}),
+        "recent_calls": [
+            {
+                "timestamp": datetime.fromtimestamp(r.timestamp, UTC).isoformat("T", "milliseconds"),
+                "tool": r.tool,
+                "technique": r.technique,
+                "duration_ms": round(r.duration_ms, 3),
+                "success": r.success,
+                "error_code": r.error_code,
+                "request_id": r.request_id,
+                "session_id": r.session_id,
+            }
+            for r in newest
+        ],
+    }
+
+
+def _random_records(count: int, now: float, rng: random.Random) -> list[CallRecord]:
+    """Calls over the last day (none near the hour's edge: the two computations' `now` differ)."""
+    records = []
+    for number in range(count):
+        age = rng.uniform(5, 3500) if rng.random() < 0.6 else rng.uniform(3700, 80_000)
+        technique = rng.choice(["basic", "crag", "hyde", None])
+        error = rng.choice([None, None, None, "TIMEOUT_EXCEEDED", "INVALID_PARAMETERS"])
+        records.append(
+            CallRecord(
+                now - age,
+                f"rag_{technique}" if technique else rng.choice(["rag_ingest", "rag_metrics"]),
+                technique,
+                rng.lognormvariate(3, 1),
+                error is None,
+                error,
+                rng.choice([None, "alice", "bob", "ops"]),
+                f"r{number}" if rng.random() < 0.3 else None,
+                rng.choice([None, "s1"]),
+            )
+        )
+    return records
+
+
+ALICE = Principal("alice", frozenset({"read"}), None)
+OPS = Principal("ops", frozenset({"admin"}), None)
+
+
+def test_metrics_and_health_from_the_store_equal_the_figures_of_every_record(
+    any_store: DocumentStore,
+) -> None:
+    """rag_metrics and health read every call record of the window into Python: their figures stay."""
+    if any_store.backend_name == "iris":
+        pytest.skip("IRIS stores no request_id or session_id")
+    rng = random.Random(7)
+    now = time.time()
+    records = _random_records(400, now, rng)
+    for record in records[:-5]:
+        any_store.record_call(record)
+    monitor = Monitor(any_store)
+    # The last five are not stored yet (the writer waits), and one stored record is still in memory too
+    # (stored between the two reads): every call is counted once.
+    in_memory = [*records[-5:], records[-6]]
+    monitor._unstored.update(enumerate(in_memory, start=1000))
+    for time_range in ("1h", "24h"):
+        window = WINDOWS_S[time_range]
+        stored = sorted(records[:-5], key=lambda r: r.timestamp)  # read in time order, then memory's
+        in_window = [r for r in [*stored, *records[-5:]] if r.timestamp >= now - window]
+        for caller in (None, ALICE, OPS):
+            for techniques in (None, ["basic"], ["basic", "crag", "nope"]):
+                with principal_scope(caller):
+                    figures = monitor.metrics(time_range, techniques)
+                for end in ("time_range", "window_start", "window_end"):
+                    figures.pop(end)
+                assert figures == _metrics_of_every_record(in_window, window, techniques, caller)
+
+    def performance(records: list[CallRecord], caller: Principal | None) -> dict[str, Any]:
+        overall = _metrics_of_every_record(records, 3600, None, caller)["overall"]
+        return {
+            "window": "1h",
+            "request_count": overall["request_count"],
+            "avg_response_time_ms": overall["avg_ms"],
+            "requests_per_minute": overall["requests_per_minute"],
+            "error_rate": overall["error_rate"],
+        }
+
+    hour = [r for r in [*stored, *records[-5:]] if r.timestamp >= now - 3600]
+    for caller in (None, ALICE, OPS):
+        with principal_scope(caller):
+            assert monitor.performance() == performance(hour, caller)
+    for record in records[-5:]:  # all stored: the store's sums alone
+        any_store.record_call(record)
+    monitor._unstored.clear()
+    monitor._summaries.clear()
+    for caller in (None, ALICE):
+        with principal_scope(caller):
+            assert monitor.performance() == performance(hour, caller)
+
+
+def test_health_and_metrics_read_no_call_record_but_the_recent_ones(
+    service: RagService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Health (GET /health: once a second) took 2.3 s with 100,000 calls in the hour: it read them all."""
+    for _ in range(3):
+        service.monitor.record("rag_basic", "basic", 5.0, True, None)
+    service.monitor.flush()
+    read: list[float] = []
+    every_record = service.store.calls_since
+
+    def calls_since(since: float) -> list[CallRecord]:
+        read.append(since)
+        return every_record(since)
+
+    monkeypatch.setattr(service.store, "calls_since", calls_since)
+    sums = service.store.call_totals
+    summed: list[CallFilter] = []
+
+    def call_totals(which: CallFilter, before: float | None = None) -> CallTotals:
+        summed.append(which)
+        return sums(which, before)
+
+    monkeypatch.setattr(service.store, "call_totals", call_totals)
+    assert service.health_check({})["performance"]["request_count"] == 3
+    assert service.health_check({})["performance"]["request_count"] == 3
+    assert len(summed) == 1  # once per SUMMARY_FRESH_S
+    assert service.metrics({"time_range": "30d"})["overall"]["request_count"] == 3
+    assert read == []

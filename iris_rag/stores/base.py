@@ -186,6 +186,29 @@ class CallRecord:
     session_id: str | None = None
 
 
+# The columns of a call record rag_metrics' figures read: timestamp, tool, technique, duration_ms, success
+# (SQLite's 0/1 or a bool), error_code, principal; not the caller's ids, which only recent_calls shows.
+CallFigures = tuple[float, str, str | None, float, int, str | None, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class CallFilter:
+    """Which call records a metrics read covers: from a UNIX time, of some techniques, of one caller."""
+
+    since: float
+    techniques: list[str] | None = None  # None: every record, those of no technique included
+    principal: str | None = None  # None: everyone's
+
+
+@dataclass(frozen=True, slots=True)
+class CallTotals:
+    """Health's figures of a run of call records, summed by the store."""
+
+    count: int
+    successes: int
+    duration_ms: float  # the durations' sum
+
+
 class Collections(Protocol):
     """The collections of a store."""
 
@@ -403,6 +426,15 @@ class CallLog(Protocol):
 
     def calls_since(self, since: float) -> list[CallRecord]:
         """Every call record at or after a UNIX time."""
+
+    def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
+        """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
+
+    def call_figures(self, which: CallFilter) -> list[CallFigures]:
+        """The figures of the call records a filter covers, in time order."""
+
+    def recent_calls(self, which: CallFilter, limit: int) -> list[CallRecord]:
+        """The latest call records a filter covers, newest first."""
 
     def forget_calls_before(self, before: float) -> None:
         """Delete every call record before a UNIX time."""

@@ -43,7 +43,10 @@ from iris_rag.errors import DatabaseConnectionFailedError
 from iris_rag.redaction import redact
 from iris_rag.stores.base import (
     CacheItem,
+    CallFigures,
+    CallFilter,
     CallRecord,
+    CallTotals,
     CollectionInfo,
     DocumentInput,
     DocumentSummary,
@@ -1006,6 +1009,34 @@ class IrisStore:
         )
         return [CallRecord(float(r[0]), r[1], r[2], float(r[3]), bool(r[4]), r[5], r[6]) for r in rows]
 
+    def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
+        """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
+        where, parameters = _covered_calls(which, before)
+        row = self.rows(
+            f"SELECT COUNT(*), SUM(success), SUM(duration_ms) FROM {SCHEMA}.Calls WHERE {where}", parameters
+        )[0]
+        return CallTotals(int(row[0]), int(row[1] or 0), float(row[2] or 0.0))
+
+    def call_figures(self, which: CallFilter) -> list[CallFigures]:
+        """The figures of the call records a filter covers, in time order."""
+        where, parameters = _covered_calls(which)
+        rows = self.rows(
+            f"""SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM {SCHEMA}.Calls
+                WHERE {where} ORDER BY ts""",
+            parameters,
+        )
+        return [(float(r[0]), r[1], r[2], float(r[3]), int(r[4]), r[5], r[6]) for r in rows]
+
+    def recent_calls(self, which: CallFilter, limit: int) -> list[CallRecord]:
+        """The latest call records a filter covers, newest first."""
+        where, parameters = _covered_calls(which)
+        rows = self.rows(
+            f"""SELECT TOP {int(limit)} ts, tool, technique, duration_ms, success, error_code, principal
+                FROM {SCHEMA}.Calls WHERE {where} ORDER BY ts DESC""",
+            parameters,
+        )
+        return [CallRecord(float(r[0]), r[1], r[2], float(r[3]), bool(r[4]), r[5], r[6]) for r in rows]
+
     def forget_calls_before(self, before: float) -> None:
         """Delete every call record before a UNIX time."""
         with self.transaction():
@@ -1026,3 +1057,20 @@ class IrisStore:
             "connections": len(self._all),
             "technique_indexes": {index.name: index.stats() for index in self._technique_indexes},
         }
+
+
+def _covered_calls(which: CallFilter, before: float | None = None) -> tuple[str, list[Any]]:
+    """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time)."""
+    clauses = ["ts >= ?"]
+    parameters: list[Any] = [which.since]
+    if before is not None:
+        clauses.append("ts < ?")
+        parameters.append(before)
+    if which.techniques is not None:
+        # IRIS refuses an empty IN list: no technique, no record.
+        clauses.append(f"technique IN ({_marks(len(which.techniques))})" if which.techniques else "1 = 0")
+        parameters.extend(which.techniques)
+    if which.principal is not None:
+        clauses.append("principal = ?")
+        parameters.append(which.principal)
+    return " AND ".join(clauses), parameters

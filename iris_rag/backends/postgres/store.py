@@ -52,7 +52,10 @@ from iris_rag.cancellation import check_cancelled
 from iris_rag.redaction import redact, url_userinfo, with_pieces
 from iris_rag.stores.base import (
     CacheItem,
+    CallFigures,
+    CallFilter,
     CallRecord,
+    CallTotals,
     ChunkInput,
     CollectionInfo,
     DocumentInput,
@@ -1330,6 +1333,39 @@ class PostgresStore:
         )
         return [call_record(r) for r in rows]
 
+    def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
+        """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
+        where, parameters = _covered_calls(which, before)
+        row = (
+            self.connection()
+            .execute(
+                "SELECT COUNT(*) AS count, COUNT(*) FILTER (WHERE success) AS successes, "
+                f"COALESCE(SUM(duration_ms), 0.0) AS duration_ms FROM calls WHERE {where}",
+                parameters,
+            )
+            .fetchone()
+        )
+        assert row is not None  # an aggregate has one row
+        return CallTotals(row["count"], row["successes"], row["duration_ms"])
+
+    def call_figures(self, which: CallFilter) -> list[CallFigures]:
+        """The figures of the call records a filter covers, in time order."""
+        where, parameters = _covered_calls(which)
+        with self.connection().cursor(row_factory=tuple_row) as cursor:
+            return cursor.execute(
+                "SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM calls "
+                f"WHERE {where} ORDER BY ts",
+                parameters,
+            ).fetchall()
+
+    def recent_calls(self, which: CallFilter, limit: int) -> list[CallRecord]:
+        """The latest call records a filter covers, newest first."""
+        where, parameters = _covered_calls(which)
+        rows = self.connection().execute(
+            f"SELECT * FROM calls WHERE {where} ORDER BY ts DESC LIMIT %s", [*parameters, limit]
+        )
+        return [call_record(r) for r in rows.fetchall()]
+
     def forget_calls_before(self, before: float) -> None:
         """Delete every call record before a UNIX time."""
         self.connection().execute("DELETE FROM calls WHERE ts < %s", (before,))
@@ -1477,3 +1513,19 @@ _COLLECTION_SELECT = """
            COALESCE((SELECT t.chunks FROM keyword_totals t WHERE t.collection_id = c.id), 0) AS chunk_count,
            COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
     FROM collections c"""
+
+
+def _covered_calls(which: CallFilter, before: float | None = None) -> tuple[str, list[Any]]:
+    """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time)."""
+    clauses = ["ts >= %s"]
+    parameters: list[Any] = [which.since]
+    if before is not None:
+        clauses.append("ts < %s")
+        parameters.append(before)
+    if which.techniques is not None:
+        clauses.append("technique = ANY(%s)")
+        parameters.append(which.techniques)
+    if which.principal is not None:
+        clauses.append("principal = %s")
+        parameters.append(which.principal)
+    return " AND ".join(clauses), parameters

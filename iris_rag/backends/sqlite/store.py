@@ -32,7 +32,10 @@ from iris_rag.stores.base import (
     BM25_K1,
     MULTIFIELD_OTHER_SHARE,
     CacheItem,
+    CallFigures,
+    CallFilter,
     CallRecord,
+    CallTotals,
     ChunkInput,
     CollectionInfo,
     DocumentInput,
@@ -1639,6 +1642,39 @@ class SqliteStore:
         )
         return [call_record(row) for row in rows]
 
+    def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
+        """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
+        where, parameters = _covered_calls(which, before)
+        count, successes, duration_ms = (
+            self._connection()
+            .execute(
+                "SELECT COUNT(*), COALESCE(SUM(success), 0), COALESCE(SUM(duration_ms), 0.0) FROM calls "
+                f"WHERE {where}",
+                parameters,
+            )
+            .fetchone()
+        )
+        return CallTotals(count, successes, duration_ms)
+
+    def call_figures(self, which: CallFilter) -> list[CallFigures]:
+        """The figures of the call records a filter covers, in time order."""
+        where, parameters = _covered_calls(which)
+        cursor = self._connection().cursor()
+        cursor.row_factory = None  # plain tuples: this can be every call of a busy month
+        return cursor.execute(
+            "SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM calls "
+            f"WHERE {where} ORDER BY ts",
+            parameters,
+        ).fetchall()
+
+    def recent_calls(self, which: CallFilter, limit: int) -> list[CallRecord]:
+        """The latest call records a filter covers, newest first."""
+        where, parameters = _covered_calls(which)
+        rows = self._connection().execute(
+            f"SELECT * FROM calls WHERE {where} ORDER BY ts DESC LIMIT ?", [*parameters, limit]
+        )
+        return [call_record(row) for row in rows]
+
     def forget_calls_before(self, before: float) -> None:
         """Delete every call record before a UNIX time."""
         with self._write_lock:
@@ -1803,3 +1839,19 @@ def sqlite_connection(store: object) -> sqlite3.Connection:
     """The calling thread's connection of a store known to be SQLite (tests inspect its tables with it)."""
     assert isinstance(store, SqliteStore), "not a SQLite store"
     return store.connection()
+
+
+def _covered_calls(which: CallFilter, before: float | None = None) -> tuple[str, list[Any]]:
+    """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time)."""
+    clauses = ["ts >= ?"]
+    parameters: list[Any] = [which.since]
+    if before is not None:
+        clauses.append("ts < ?")
+        parameters.append(before)
+    if which.techniques is not None:
+        clauses.append(f"technique IN ({', '.join('?' * len(which.techniques))})")
+        parameters.extend(which.techniques)
+    if which.principal is not None:
+        clauses.append("principal = ?")
+        parameters.append(which.principal)
+    return " AND ".join(clauses), parameters
