@@ -1011,28 +1011,29 @@ class IrisStore:
 
     def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
         """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
-        where, parameters = _covered_calls(which, before)
+        expression, parameters = _covered_calls(which, before)
         row = self.rows(
-            f"SELECT COUNT(*), SUM(success), SUM(duration_ms) FROM {SCHEMA}.Calls WHERE {where}", parameters
+            f"SELECT COUNT(*), SUM(success), SUM(duration_ms) FROM {SCHEMA}.Calls WHERE {expression}",
+            parameters,
         )[0]
         return CallTotals(int(row[0]), int(row[1] or 0), float(row[2] or 0.0))
 
     def call_figures(self, which: CallFilter) -> list[CallFigures]:
         """The figures of the call records a filter covers, in time order."""
-        where, parameters = _covered_calls(which)
+        expression, parameters = _covered_calls(which)
         rows = self.rows(
             f"""SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM {SCHEMA}.Calls
-                WHERE {where} ORDER BY ts""",
+                WHERE {expression} ORDER BY ts""",
             parameters,
         )
         return [(float(r[0]), r[1], r[2], float(r[3]), int(r[4]), r[5], r[6]) for r in rows]
 
     def recent_calls(self, which: CallFilter, limit: int) -> list[CallRecord]:
         """The latest call records a filter covers, newest first."""
-        where, parameters = _covered_calls(which)
+        expression, parameters = _covered_calls(which)
         rows = self.rows(
             f"""SELECT TOP {int(limit)} ts, tool, technique, duration_ms, success, error_code, principal
-                FROM {SCHEMA}.Calls WHERE {where} ORDER BY ts DESC""",
+                FROM {SCHEMA}.Calls WHERE {expression} ORDER BY ts DESC""",
             parameters,
         )
         return [CallRecord(float(r[0]), r[1], r[2], float(r[3]), bool(r[4]), r[5], r[6]) for r in rows]
@@ -1060,7 +1061,10 @@ class IrisStore:
 
 
 def _covered_calls(which: CallFilter, before: float | None = None) -> tuple[str, list[Any]]:
-    """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time)."""
+    """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time).
+
+    Constant text and placeholders only: the values go in the parameters.
+    """
     clauses = ["ts >= ?"]
     parameters: list[Any] = [which.since]
     if before is not None:
