@@ -29,6 +29,7 @@ import numpy.typing as npt
 import orjson
 
 from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
+from iris_rag.backends.common.call_log import covered_calls
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.iris.filters import matches
 from iris_rag.backends.iris.schema import (
@@ -1011,7 +1012,7 @@ class IrisStore:
 
     def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
         """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
-        expression, parameters = _covered_calls(which, before)
+        expression, parameters = covered_calls(which, before, mark="?")
         row = self.rows(
             f"SELECT COUNT(*), SUM(success), SUM(duration_ms) FROM {SCHEMA}.Calls WHERE {expression}",
             parameters,
@@ -1020,7 +1021,7 @@ class IrisStore:
 
     def call_figures(self, which: CallFilter) -> list[CallFigures]:
         """The figures of the call records a filter covers, in time order."""
-        expression, parameters = _covered_calls(which)
+        expression, parameters = covered_calls(which, mark="?")
         rows = self.rows(
             f"""SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM {SCHEMA}.Calls
                 WHERE {expression} ORDER BY ts""",
@@ -1030,7 +1031,7 @@ class IrisStore:
 
     def recent_calls(self, which: CallFilter, limit: int) -> list[CallRecord]:
         """The latest call records a filter covers, newest first."""
-        expression, parameters = _covered_calls(which)
+        expression, parameters = covered_calls(which, mark="?")
         rows = self.rows(
             f"""SELECT TOP {int(limit)} ts, tool, technique, duration_ms, success, error_code, principal
                 FROM {SCHEMA}.Calls WHERE {expression} ORDER BY ts DESC""",
@@ -1058,23 +1059,3 @@ class IrisStore:
             "connections": len(self._all),
             "technique_indexes": {index.name: index.stats() for index in self._technique_indexes},
         }
-
-
-def _covered_calls(which: CallFilter, before: float | None = None) -> tuple[str, list[Any]]:
-    """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time).
-
-    Constant text and placeholders only: the values go in the parameters.
-    """
-    clauses = ["ts >= ?"]
-    parameters: list[Any] = [which.since]
-    if before is not None:
-        clauses.append("ts < ?")
-        parameters.append(before)
-    if which.techniques is not None:
-        # IRIS refuses an empty IN list: no technique, no record.
-        clauses.append(f"technique IN ({_marks(len(which.techniques))})" if which.techniques else "1 = 0")
-        parameters.extend(which.techniques)
-    if which.principal is not None:
-        clauses.append("principal = ?")
-        parameters.append(which.principal)
-    return " AND ".join(clauses), parameters

@@ -38,6 +38,7 @@ from iris_rag.backends.common.bm25 import (
     query_stems,
     term_frequencies,
 )
+from iris_rag.backends.common.call_log import covered_calls
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.postgres import keyword_blocks
 from iris_rag.backends.postgres.filters import to_sql
@@ -1335,7 +1336,7 @@ class PostgresStore:
 
     def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
         """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
-        where, parameters = _covered_calls(which, before)
+        where, parameters = covered_calls(which, before, mark="%s")
         row = (
             self.connection()
             .execute(
@@ -1350,7 +1351,7 @@ class PostgresStore:
 
     def call_figures(self, which: CallFilter) -> list[CallFigures]:
         """The figures of the call records a filter covers, in time order."""
-        where, parameters = _covered_calls(which)
+        where, parameters = covered_calls(which, mark="%s")
         with self.connection().cursor(row_factory=tuple_row) as cursor:
             return cursor.execute(
                 "SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM calls "
@@ -1360,7 +1361,7 @@ class PostgresStore:
 
     def recent_calls(self, which: CallFilter, limit: int) -> list[CallRecord]:
         """The latest call records a filter covers, newest first."""
-        where, parameters = _covered_calls(which)
+        where, parameters = covered_calls(which, mark="%s")
         rows = self.connection().execute(
             f"SELECT * FROM calls WHERE {where} ORDER BY ts DESC LIMIT %s", [*parameters, limit]
         )
@@ -1513,19 +1514,3 @@ _COLLECTION_SELECT = """
            COALESCE((SELECT t.chunks FROM keyword_totals t WHERE t.collection_id = c.id), 0) AS chunk_count,
            COALESCE((SELECT v.version FROM collection_versions v WHERE v.collection_id = c.id), 0) AS version
     FROM collections c"""
-
-
-def _covered_calls(which: CallFilter, before: float | None = None) -> tuple[str, list[Any]]:
-    """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time)."""
-    clauses = ["ts >= %s"]
-    parameters: list[Any] = [which.since]
-    if before is not None:
-        clauses.append("ts < %s")
-        parameters.append(before)
-    if which.techniques is not None:
-        clauses.append("technique = ANY(%s)")
-        parameters.append(which.techniques)
-    if which.principal is not None:
-        clauses.append("principal = %s")
-        parameters.append(which.principal)
-    return " AND ".join(clauses), parameters

@@ -21,6 +21,7 @@ import numpy.typing as npt
 import orjson
 
 from iris_rag.backends.common.bm25 import token_counts, tokenize
+from iris_rag.backends.common.call_log import covered_calls
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.sqlite.filters import json_path, register_functions, to_sql
 from iris_rag.backends.sqlite.postings import KeywordPostings, PostingRow, encode
@@ -1644,7 +1645,7 @@ class SqliteStore:
 
     def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
         """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
-        where, parameters = _covered_calls(which, before)
+        where, parameters = covered_calls(which, before, mark="?")
         count, successes, duration_ms = (
             self._connection()
             .execute(
@@ -1658,7 +1659,7 @@ class SqliteStore:
 
     def call_figures(self, which: CallFilter) -> list[CallFigures]:
         """The figures of the call records a filter covers, in time order."""
-        where, parameters = _covered_calls(which)
+        where, parameters = covered_calls(which, mark="?")
         cursor = self._connection().cursor()
         cursor.row_factory = None  # plain tuples: this can be every call of a busy month
         return cursor.execute(
@@ -1669,7 +1670,7 @@ class SqliteStore:
 
     def recent_calls(self, which: CallFilter, limit: int) -> list[CallRecord]:
         """The latest call records a filter covers, newest first."""
-        where, parameters = _covered_calls(which)
+        where, parameters = covered_calls(which, mark="?")
         rows = self._connection().execute(
             f"SELECT * FROM calls WHERE {where} ORDER BY ts DESC LIMIT ?", [*parameters, limit]
         )
@@ -1839,19 +1840,3 @@ def sqlite_connection(store: object) -> sqlite3.Connection:
     """The calling thread's connection of a store known to be SQLite (tests inspect its tables with it)."""
     assert isinstance(store, SqliteStore), "not a SQLite store"
     return store.connection()
-
-
-def _covered_calls(which: CallFilter, before: float | None = None) -> tuple[str, list[Any]]:
-    """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time)."""
-    clauses = ["ts >= ?"]
-    parameters: list[Any] = [which.since]
-    if before is not None:
-        clauses.append("ts < ?")
-        parameters.append(before)
-    if which.techniques is not None:
-        clauses.append(f"technique IN ({', '.join('?' * len(which.techniques))})")
-        parameters.extend(which.techniques)
-    if which.principal is not None:
-        clauses.append("principal = ?")
-        parameters.append(which.principal)
-    return " AND ".join(clauses), parameters
