@@ -221,9 +221,8 @@ class _Calls:
             zip(*figures, strict=True) if figures else ((),) * 7
         )
         self.timestamps = np.array(timestamps, dtype=np.float64)
-        self.durations = np.array(
-            durations, dtype=np.float64
-        )  # in time order, as the mean always summed them
+        # In time order, as the mean always summed them.
+        self.durations = np.array(durations, dtype=np.float64)
         self.successes = np.array(successes, dtype=np.bool_)
         self.tools: tuple[str, ...] = tools
         self.techniques: tuple[str | None, ...] = techniques
