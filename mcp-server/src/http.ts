@@ -309,27 +309,22 @@ export class HttpFrontDoor {
     // A session holds memory until it is closed or idles out, so a key holds only so many: past the cap its
     // least recently used idle session is closed (a client that leaks sessions, one per run, keeps working;
     // the closed session's client gets 404 and initializes again, as the specification says it should).
-    // A busy session is never closed for a new one: its call would be cancelled and its client left with no
-    // answer at all. When none is idle the new session is refused instead, 429 as for the key's rate limit:
-    // the key's own quota is spent, the server is not unavailable (503 is shutdown's, and a probe's alarm).
+    // It is closed once the new session is initialized (makeRoom), not here: the transport may still refuse
+    // this initialize (406, 415, 400), which must cost no other session. Each session being opened past the
+    // cap is owed one idle session, so one opens only while the idle ones outnumber those owed (two
+    // initializes at once never count on the same one). A busy session is never closed for a new one: its
+    // call would be cancelled and its client left with no answer at all. When none is left the new session is
+    // refused instead, 429 as for the key's rate limit: the key's own quota is spent, the server is not
+    // unavailable (503 is shutdown's, and a probe's alarm).
     const max = this.config.maxSessionsPerKey;
     const held = this.sessionsOf(principal?.id ?? null);
-    if (held.open.length + held.opening >= max) {
-      const idle = held.open.flatMap((session) => {
-        const since = idleSince(session);
-        return since === null ? [] : [{ session, since }];
-      });
-      const oldest = idle.sort((a, b) => a.since - b.since)[0]?.session;
-      if (!oldest) {
-        const holder = principal ? "this key" : "this server (no RAG_AUTH_FILE: all clients together)";
-        const message =
-          `All MCP_MAX_SESSIONS_PER_KEY (${max}) sessions of ${holder} are busy, with a call in progress or being opened: ` +
-          "retry once a call ends, or close a session no longer used (DELETE /mcp with its mcp-session-id)";
-        return refuse(res, 429, message, { id, data: { limit: "MCP_MAX_SESSIONS_PER_KEY", max_sessions: max } });
-      }
-      console.error(`[iris-rag] ${principal ? `key ${principal.id}` : "the local clients"} reached MCP_MAX_SESSIONS_PER_KEY=${max}: closing its least recently used idle session`);
-      if (oldest.transport.sessionId) this.sessions.delete(oldest.transport.sessionId);
-      void oldest.transport.close().catch(() => undefined);
+    const idle = held.open.filter((session) => idleSince(session) !== null).length;
+    if (held.open.length + held.opening + 1 - max > idle) {
+      const holder = principal ? "this key" : "this server (no RAG_AUTH_FILE: all clients together)";
+      const message =
+        `All MCP_MAX_SESSIONS_PER_KEY (${max}) sessions of ${holder} are busy, with a call in progress or being opened: ` +
+        "retry once a call ends, or close a session no longer used (DELETE /mcp with its mcp-session-id)";
+      return refuse(res, 429, message, { id, data: { limit: "MCP_MAX_SESSIONS_PER_KEY", max_sessions: max } });
     }
     const session = this.openSession(principal);
     this.opening.add(session);
@@ -350,6 +345,33 @@ export class HttpFrontDoor {
     return { open, opening };
   }
 
+  /**
+   * A session was just initialized: while its key holds more than MCP_MAX_SESSIONS_PER_KEY open sessions,
+   * close the key's least recently used idle one (never `opened` itself). None may be left idle when a
+   * session admitted as owed one has since become busy: the key is then over its cap until the next
+   * initialize, which is admitted only with an idle session for each session over it.
+   */
+  private makeRoom(opened: Session): void {
+    const max = this.config.maxSessionsPerKey;
+    const { open } = this.sessionsOf(opened.principalId);
+    const excess = open.length - max;
+    if (excess <= 0) return;
+    const idle = open.flatMap((session) => {
+      const since = session === opened ? null : idleSince(session);
+      return since === null ? [] : [{ session, since }];
+    });
+    const holder = opened.principalId === null ? "the local clients" : `key ${opened.principalId}`;
+    const closing = idle.sort((a, b) => a.since - b.since).slice(0, excess);
+    console.error(
+      `[iris-rag] ${holder} reached MCP_MAX_SESSIONS_PER_KEY=${max}: ` +
+        (closing.length > 0 ? "closing its least recently used idle session" : `holds ${open.length} sessions, none idle to close`),
+    );
+    for (const { session } of closing) {
+      if (session.transport.sessionId) this.sessions.delete(session.transport.sessionId);
+      void session.transport.close().catch(() => undefined);
+    }
+  }
+
   private openSession(principal: Principal | null): Session {
     const server = this.core.newServer();
     const transport: SessionTransport = new SessionTransport({
@@ -357,6 +379,7 @@ export class HttpFrontDoor {
       onsessioninitialized: (id) => {
         this.opening.delete(session);
         this.sessions.set(id, session);
+        this.makeRoom(session);
       },
     });
     const session: Session = { transport, server, principalId: principal?.id ?? null, lastSeen: Date.now() };

@@ -65,6 +65,33 @@ describe("HTTP front door: what a key may spend", () => {
     assert.equal(await ping("kb", other.session!), 200, "the cap is per key");
   });
 
+  it("closes no idle session for an initialize the transport refuses, only once a new session is open", async () => {
+    const { door, url } = await frontDoor([{ id: "a", key_sha256: hash("ka"), scopes: ["read"], collections: "*" }], 1);
+    doors.push(door);
+    const ping = async (session: string) => (await post(url, "ka", { jsonrpc: "2.0", id: 5, method: "ping" }, session)).status;
+    const idle = await post(url, "ka", initialize(1));
+    const headers = { ...HEADERS, authorization: "Bearer ka", accept: "application/json" };
+    const refused = await fetch(url, { method: "POST", headers, body: JSON.stringify(initialize(2)) });
+    await refused.text();
+    assert.equal(refused.status, 406);
+    assert.equal(await ping(idle.session!), 200, "the refused initialize closed nothing");
+    const opened = await post(url, "ka", initialize(3));
+    assert.equal(opened.status, 200, opened.text);
+    assert.deepEqual([await ping(idle.session!), await ping(opened.session!)], [404, 200]);
+  });
+
+  it("two initializes at once past the cap with one idle session: the key still holds one session", async () => {
+    const { door, url } = await frontDoor([{ id: "a", key_sha256: hash("ka"), scopes: ["read"], collections: "*" }], 1);
+    doors.push(door);
+    const idle = await post(url, "ka", initialize(1));
+    // At once, one of them is refused (429); one after the other, the second closes the first.
+    const both = await Promise.all([post(url, "ka", initialize(2)), post(url, "ka", initialize(3))]);
+    assert.ok(both.some((answer) => answer.status === 200));
+    const ping = async (session: string | null) => (session ? (await post(url, "ka", { jsonrpc: "2.0", id: 5, method: "ping" }, session)).status : 404);
+    const statuses = [await ping(idle.session), ...(await Promise.all(both.map((answer) => ping(answer.session))))];
+    assert.equal(statuses.filter((status) => status === 200).length, 1, `pings: ${statuses.join(", ")}`);
+  });
+
   it("keeps no MCP server for an initialize the transport refuses (406, 415)", async () => {
     // What server.ts keeps per server (its `live` set): created and not yet closed.
     let live = 0;
