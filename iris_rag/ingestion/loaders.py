@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import yaml
+from markdown_it import MarkdownIt
 
 from iris_rag.ingestion.formats import EXTRACTORS, FormatError
 from iris_rag.text import CsvProblem, csv_delimiter, csv_records, is_utf8
@@ -26,6 +27,10 @@ MARKDOWN_SUFFIXES = {".md", ".markdown"}
 TEXT_SUFFIXES = {".txt", *MARKDOWN_SUFFIXES}
 # YAML front matter: a "---" line first, then the YAML, then a "---" (or "...") line.
 _FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|$)", re.DOTALL)
+# Markdown as CommonMark reads it: where its HTML comments are (and are not: code, code spans, escapes).
+_MARKDOWN = MarkdownIt("commonmark")
+_HTML_COMMENT = re.compile(r"<!--(?:-?>|[\s\S]*?-->)")  # CommonMark's: <!-->, <!---> and <!-- ... -->
+_LINE_ENDS = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
 _ESCAPING_LINK = "a symlink that leads outside the allowed folders; skipped"
 _LINKED_FOLDER = "a symlink to a folder outside this one; not followed (name that folder itself)"
@@ -298,6 +303,7 @@ def _text_document(file: SourceFile, text: str, provenance: dict[str, Any]) -> S
     fields: dict[str, Any] = {}
     if file.path.suffix.lower() in MARKDOWN_SUFFIXES:
         fields, text = _front_matter(text)
+        text = _without_html_comments(text)
     title = fields.pop("title", None) if isinstance(fields.get("title"), str) else None
     for line in text.splitlines():
         if line.startswith("# ") and not title:
@@ -331,6 +337,39 @@ def _front_matter(text: str) -> tuple[dict[str, Any], str]:
         elif (scalar := _scalar(value)) is not None:
             fields[str(key)] = scalar
     return fields, text[match.end() :]
+
+
+def _without_html_comments(text: str) -> str:
+    """Markdown text without its HTML comments (`<!-- ... -->`), which a reader never sees rendered.
+
+    Licence headers, TODOs and editor markers are no part of the document: stored, they were embedded and
+    quoted in answers. markdown-it (CommonMark) tells a comment from `<!--` in code, in a code span or
+    escaped, which are kept; so is a comment never closed (rendered, it may hide the rest of the file, but
+    dropping that for one typo would lose the text it was meant to hold). Only the comments go: the
+    raw HTML or text around them on their lines stays.
+    """
+    if "<!--" not in text:
+        return text
+    lines = _LINE_ENDS.split(text)  # markdown-it's lines: it ends one at \r\n, \r or \n
+    for token in _MARKDOWN.parse(text):
+        if token.map is None:
+            continue
+        if token.type == "html_block":
+            comments = _HTML_COMMENT.findall(token.content)
+        elif token.type == "inline":
+            comments = [
+                child.content
+                for child in token.children or []
+                if child.type == "html_inline" and _HTML_COMMENT.fullmatch(child.content)
+            ]
+        else:
+            continue
+        first, end = token.map
+        block = "".join(lines[first:end])
+        for comment in comments:  # one in a list item or a quote that spans lines keeps its markers: kept
+            block = block.replace(comment, "", 1)
+        lines[first:end] = [block, *[""] * (end - first - 1)]
+    return "".join(lines)
 
 
 def _scalar(value: Any) -> str | int | float | bool | None:

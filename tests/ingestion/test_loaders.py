@@ -304,3 +304,42 @@ def test_markdown_front_matter_gives_the_title_and_metadata(tmp_path: Path) -> N
     text.write_text("---\ntitle: no\n---\nBody.\n", encoding="utf-8")
     [kept] = list(iter_source(text))
     assert isinstance(kept, SourceDocument) and kept.title == "plain" and kept.content.startswith("---")
+
+
+def test_markdown_html_comments_are_left_out_but_not_in_code(tmp_path: Path) -> None:
+    """`<!-- ... -->` is invisible once rendered (licence headers, TODOs): it was stored, quoted as text."""
+    path = tmp_path / "guide.md"
+    path.write_text(
+        "<!--\nCopyright 2024 Example Corp.\n\nLicensed under the Apache License.\n-->\n"
+        "# Install\n\nRun the installer.\n<!-- TODO: mention the proxy settings -->\n\n"
+        "Then restart. <!-- editor: keep --> It is ready.\n\n"
+        "```html\n<!-- a comment in a fence is code -->\n```\n\n"
+        "    <!-- indented code -->\n\n"
+        "Write `<!-- inline code -->` to hide a line.\n",
+        encoding="utf-8",
+    )
+    [document] = list(iter_source(path))
+    assert isinstance(document, SourceDocument)
+    for hidden in ("Copyright", "Apache", "TODO", "proxy", "editor"):
+        assert hidden not in document.content
+    assert document.title == "Install"  # the first line once the licence header is gone
+    assert "Run the installer." in document.content and "It is ready." in document.content
+    assert "<!-- a comment in a fence is code -->" in document.content
+    assert "`<!-- inline code -->`" in document.content
+    assert "    <!-- indented code -->" in document.content
+
+
+def test_markdown_comment_left_open_and_txt_files_are_kept_as_they_are(tmp_path: Path) -> None:
+    """A `<!--` never closed is kept: dropping the rest of the file for one typo would lose its text."""
+    unclosed = tmp_path / "open.md"
+    unclosed.write_text("Intro. <!-- a note\n\nThe rest of the file.\n", encoding="utf-8")
+    plain = tmp_path / "notes.txt"  # only Markdown renders comments away
+    plain.write_text("Keep <!-- this --> text.\n", encoding="utf-8")
+    escaped = tmp_path / "escaped.md"
+    escaped.write_text("Type \\<!-- to start one -->.\n", encoding="utf-8")
+    docs = {d.id: d.content for d in iter_source(tmp_path) if isinstance(d, SourceDocument)}
+    assert docs == {
+        "open.md": "Intro. <!-- a note\n\nThe rest of the file.\n",
+        "notes.txt": "Keep <!-- this --> text.\n",
+        "escaped.md": "Type \\<!-- to start one -->.\n",
+    }
