@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -72,6 +73,11 @@ def dotenv_under(environ: Mapping[str, str], dotenv: Mapping[str, str]) -> dict[
     return {
         name: value for name, value in dotenv.items() if value.strip() and not environ.get(name, "").strip()
     }
+
+
+# The torch device types that compute (torch.device takes these and a few that do not: meta, lazy, ...).
+TORCH_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hpu", "mtia", "xla", "ipu", "privateuseone")
+TORCH_DEVICE = re.compile(rf"(?:{'|'.join(TORCH_DEVICE_TYPES)})(?::\d+)?")
 
 
 class Settings(BaseSettings):
@@ -189,6 +195,27 @@ class Settings(BaseSettings):
     @classmethod
     def _log_level_in_any_case(cls, value: object) -> object:
         return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("embedding_device")
+    @classmethod
+    def _embedding_device_is_a_torch_device(cls, value: str) -> str:
+        # torch refuses a bad one only when the model loads, and every call then failed without naming it.
+        if not TORCH_DEVICE.fullmatch(value):
+            msg = f"must be a torch device: {', '.join(TORCH_DEVICE_TYPES)}, each optionally :N (cuda:1)"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("default_collection")
+    @classmethod
+    def _default_collection_is_a_collection_id(cls, value: str) -> str:
+        # Imported here: the store module brings NumPy, which the launcher's start does without.
+        from iris_rag.stores.base import COLLECTION_ID
+
+        # No ingest could create another id, so every call naming no collection would fail.
+        if not COLLECTION_ID.match(value):
+            msg = "must be a collection id: 1-64 letters, digits, '_', '.', '-', not starting with '.' or '-'"
+            raise ValueError(msg)
+        return value
 
     @model_validator(mode="after")
     def _check_overlap(self) -> Settings:

@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from iris_rag.schemas import tool_specs
+from iris_rag.schemas import SCHEMA_DIR, tool_specs
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- tools:start -->", "<!-- tools:end -->"
+# Every free-text argument's pattern (a query's, a topic's): written out, it would crowd each table.
+NOT_BLANK = json.loads((SCHEMA_DIR / "common.json").read_text(encoding="utf-8"))["$defs"]["query"]["pattern"]
 
 
 def _type(schema: dict[str, Any]) -> str:
@@ -37,9 +39,23 @@ def _limits(schema: dict[str, Any]) -> str:
         ("exclusiveMaximum", "<"),
         ("minLength", "length ≥"),
         ("maxLength", "length ≤"),
+        ("minItems", "items ≥"),
+        ("maxItems", "items ≤"),
+        ("maxProperties", "keys ≤"),
+        ("maxDepth", "depth ≤"),
     ):
         if key in schema:
             parts.append(f"{label} {schema[key]}")
+    if schema.get("uniqueItems"):
+        parts.append("unique")
+    if schema.get("pattern") == NOT_BLANK:
+        parts.append("not only whitespace")
+    elif "pattern" in schema:
+        parts.append(f"pattern `{schema['pattern']}`")
+    items = schema.get("items")
+    # An array of objects gets a row per field; one of scalars says its items' limits here.
+    if isinstance(items, dict) and not items.get("properties") and (each := _limits(items)):
+        parts.append(f"each: {each}")
     if "default" in schema:
         parts.append(f"default `{json.dumps(schema['default'])}`")
     return ", ".join(parts)
@@ -63,7 +79,8 @@ def reference() -> str:
     """The markdown for every tool."""
     sections = []
     for spec in tool_specs():
-        hints = ", ".join(k for k, v in spec["annotations"].items() if v is True)
+        # A tool that sets no hint (it writes, adds, never deletes) says so, rather than an empty list.
+        hints = ", ".join(k for k, v in spec["annotations"].items() if v is True) or "none"
         schema = spec["inputSchema"]
         rows = _rows(schema.get("properties", {}), set(schema.get("required", [])))
         table = (

@@ -138,3 +138,41 @@ def test_an_unknown_log_level_is_one_line_naming_it(
     assert error.startswith("error: invalid configuration: LOG_LEVEL: ") and len(error.splitlines()) == 1
     monkeypatch.setenv("LOG_LEVEL", "debug")
     assert load_settings().log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(
+    ("variable", "bad", "good"),
+    [
+        # torch refuses "gpu" only when the model loads: every call was EMBEDDING_SERVICE_UNAVAILABLE.
+        (
+            "EMBEDDING_DEVICE",
+            ["gpu", "CUDA", "cuda:", "cuda:x", "cuda:0:1"],
+            ["cpu", "cuda", "cuda:1", "mps", "xpu:0"],
+        ),
+        # No ingest can create such a collection, so every call naming none was COLLECTION_NOT_FOUND.
+        (
+            "RAG_DEFAULT_COLLECTION",
+            ["my notes", ".hidden", "x" * 65, "é"],
+            ["default", "scifact-sample", "a.b_c-1"],
+        ),
+    ],
+)
+def test_a_bad_device_or_default_collection_is_one_line_naming_it(
+    variable: str,
+    bad: list[str],
+    good: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    for value in bad:
+        monkeypatch.setenv(variable, value)
+        assert main(["health", "--quick"]) == 2, value
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: invalid configuration: {variable}: "), error
+        assert len(error.splitlines()) == 1 and repr(value) not in error, error
+    field = next(name for name, info in Settings.model_fields.items() if info.validation_alias == variable)
+    for value in good:
+        monkeypatch.setenv(variable, value)
+        assert getattr(load_settings(), field) == value

@@ -11,6 +11,7 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
 import type { IncomingHttpHeaders } from "node:http";
 
+import { ConfigError } from "./config.js";
 import { isObject } from "./json.js";
 
 export const SCOPES = ["read", "write", "admin"] as const;
@@ -39,7 +40,12 @@ export function parsePrincipals(text: string): Principal[] {
 }
 
 function parseEntries(text: string): Entry[] {
-  const data: unknown = JSON.parse(text);
+  let data: unknown;
+  try {
+    data = JSON.parse(text);
+  } catch (error) {
+    throw new Error(`not JSON (${(error as Error).message})`);
+  }
   if (!isObject(data) || !Array.isArray(data.principals)) throw new Error('expected {"principals": [...]}');
   const seen = new Set<string>();
   return data.principals.map((raw: unknown, index: number): Entry => {
@@ -88,10 +94,21 @@ export class PrincipalRegistry {
   private entries: Entry[];
   private stamp: string;
 
-  /** Reads the file now: a missing or invalid file stops the server at start. */
+  /** Reads the file now: a missing or invalid file stops the server at start (a ConfigError naming it). */
   constructor(private readonly path: string) {
-    this.stamp = this.fileStamp();
-    this.entries = parseEntries(readFileSync(path, "utf8"));
+    let text: string;
+    try {
+      this.stamp = this.fileStamp();
+      text = readFileSync(path, "utf8");
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      throw new ConfigError(`RAG_AUTH_FILE ${path} could not be read: ${code ?? String(error)}`);
+    }
+    try {
+      this.entries = parseEntries(text);
+    } catch (error) {
+      throw new ConfigError(`RAG_AUTH_FILE ${path} is invalid: ${(error as Error).message}`);
+    }
   }
 
   get size(): number {

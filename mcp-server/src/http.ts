@@ -29,7 +29,7 @@ import {
 } from "@modelcontextprotocol/sdk/types.js";
 
 import { presentedKey, PrincipalRegistry, rateLimitMessage, type Principal } from "./auth.js";
-import type { HttpConfig } from "./config.js";
+import { ConfigError, type HttpConfig } from "./config.js";
 import { rejectMessage } from "./frames.js";
 import { isObject } from "./json.js";
 import type { IrisRagServer } from "./server.js";
@@ -50,6 +50,10 @@ function idleSince({ transport, lastSeen }: Session): number | null {
 }
 
 const LOOPBACK_HOSTS = new Set(["localhost", "127.0.0.1", "::1", "[::1]"]);
+
+/** listen() errors that are the setting's to fix: a host that does not resolve or is not this machine's, a port taken or privileged. */
+const HOST_ERRORS = new Set(["ENOTFOUND", "EAI_AGAIN", "EAI_FAIL", "EADDRNOTAVAIL"]);
+const PORT_ERRORS = new Set(["EADDRINUSE", "EACCES"]);
 
 /** How long one health check answers GET /health for. */
 const HEALTH_REUSE_MS = 1_000;
@@ -177,8 +181,8 @@ export class HttpFrontDoor {
   ) {
     this.registry = config.authFile ? new PrincipalRegistry(config.authFile) : null;
     if (!this.registry && !isLoopback(config.host)) {
-      throw new Error(
-        `refusing to serve MCP on ${config.host} without authentication: set RAG_AUTH_FILE (see README, "HTTP service"), or listen on 127.0.0.1`,
+      throw new ConfigError(
+        `MCP_SERVER_HOST ${config.host} is not a loopback address: refusing to serve MCP there without authentication: set RAG_AUTH_FILE (see README, "HTTP service"), or listen on 127.0.0.1`,
       );
     }
     this.http = createServer((req, res) => {
@@ -190,10 +194,19 @@ export class HttpFrontDoor {
     this.sweeper = setInterval(() => this.closeIdleSessions(), Math.min(60_000, config.sessionIdleMs)).unref();
   }
 
-  /** Listen; resolves with the bound address (port 0 picks a free one). */
+  /** Listen; resolves with the bound address (port 0 picks a free one). A host or port it cannot use is a ConfigError naming it. */
   listen(): Promise<AddressInfo> {
+    const { host, port } = this.config;
     return new Promise((resolve, reject) => {
-      this.http.once("error", reject);
+      this.http.once("error", (error: NodeJS.ErrnoException) => {
+        if (error.code !== undefined && HOST_ERRORS.has(error.code)) {
+          reject(new ConfigError(`MCP_SERVER_HOST ${host}: cannot listen there (${error.message})`));
+        } else if (error.code !== undefined && PORT_ERRORS.has(error.code)) {
+          reject(new ConfigError(`MCP_SERVER_PORT ${port}: cannot listen on ${host}:${port} (${error.message})`));
+        } else {
+          reject(error);
+        }
+      });
       this.http.listen(this.config.port, this.config.host, () => resolve(this.http.address() as AddressInfo));
     });
   }

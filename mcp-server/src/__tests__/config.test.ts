@@ -1,12 +1,13 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { createServer as createNetServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 
 import { ConfigError, loadConfig, loadDotenv, parseDotenv } from "../config.js";
-import { config } from "./helpers.js";
+import { config, freshDataDir } from "./helpers.js";
 
 const scratch = (): string => mkdtempSync(join(tmpdir(), "iris-rag-config-"));
 
@@ -101,6 +102,39 @@ describe("the server's start with a bad setting", () => {
       assert.equal(run.stdout, "");
       assert.equal(run.stderr.trim().split("\n").length, 1, run.stderr);
       assert.ok(run.stderr.startsWith(`[iris-rag] fatal: ${named}`), run.stderr);
+    }
+  });
+
+  it("names RAG_AUTH_FILE and the file, MCP_SERVER_HOST or MCP_SERVER_PORT in one line when HTTP mode cannot start", async () => {
+    const folder = scratch();
+    const missing = join(folder, "missing.json");
+    const notJson = join(folder, "not-json.json");
+    writeFileSync(notJson, "{bad");
+    const badPrincipal = join(folder, "bad-principal.json");
+    writeFileSync(badPrincipal, JSON.stringify({ principals: [{ id: "alice", key_sha256: "k1", scopes: ["read"], collections: ["*"] }] }));
+    const good = join(folder, "principals.json");
+    writeFileSync(good, JSON.stringify({ principals: [] }));
+    // A port already taken, for the start that cannot listen on it.
+    const taken = createNetServer();
+    await new Promise<void>((resolve) => taken.listen(0, "127.0.0.1", resolve));
+    const port = (taken.address() as AddressInfo).port;
+    try {
+      for (const [env, named] of [
+        [{ RAG_AUTH_FILE: missing }, `RAG_AUTH_FILE ${missing} could not be read: ENOENT`],
+        [{ RAG_AUTH_FILE: notJson }, `RAG_AUTH_FILE ${notJson} is invalid: not JSON (`],
+        [{ RAG_AUTH_FILE: badPrincipal }, `RAG_AUTH_FILE ${badPrincipal} is invalid: principals[0].key_sha256 must be`],
+        [{ MCP_SERVER_HOST: "0.0.0.0" }, "MCP_SERVER_HOST 0.0.0.0 is not a loopback address: refusing to serve MCP there without authentication"],
+        [{ MCP_SERVER_HOST: "no.such.host.invalid", RAG_AUTH_FILE: good }, "MCP_SERVER_HOST no.such.host.invalid: cannot listen there (getaddrinfo ENOTFOUND"],
+        [{ MCP_SERVER_PORT: String(port) }, `MCP_SERVER_PORT ${port}: cannot listen on 127.0.0.1:${port} (listen EADDRINUSE`],
+      ] as const) {
+        const run = start({ MCP_TRANSPORT: "http", MCP_SERVER_PORT: "0", RAG_DATA_DIR: freshDataDir(), ...env });
+        assert.equal(run.status, 1, run.stderr);
+        assert.equal(run.stdout, "");
+        assert.equal(run.stderr.trim().split("\n").length, 1, run.stderr);
+        assert.ok(run.stderr.startsWith(`[iris-rag] fatal: ${named}`), run.stderr);
+      }
+    } finally {
+      taken.close();
     }
   });
 });
