@@ -6,12 +6,16 @@ import logging
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from iris_rag.errors import GenerationFailedError, LlmServiceUnavailableError
-from iris_rag.llm import openai_client, reply_text
-from iris_rag.redaction import redact
+from iris_rag.llm import (
+    PASSAGES_ARE_DATA,
+    PromptPassage,
+    TechniqueLLM,
+    render_passages,
+    strip_unknown_citations,
+)
 from iris_rag.settings import Settings
 from iris_rag.text import query_terms, split_sentences, stem, word_count
 
@@ -106,6 +110,8 @@ class Generation:
     model: str
     source: AnswerSource
     steps: Reasoning | None = None
+    # metadata.generation: what the LLM was sent and what its reply needed (empty for an extractive answer).
+    report: dict[str, Any] = field(default_factory=dict)
 
 
 class Generator(Protocol):
@@ -291,12 +297,13 @@ def _by_citation(passages: list[Passage]) -> list[Passage]:
 
 SYSTEM_PROMPT = (
     "You answer questions using only the numbered context passages you are given. "
-    "Cite the passages you use as [n]. If the context does not contain the answer, say that you do not know "
-    "rather than guessing. Be concise."
+    "Cite the passages you use as [n], n being the passage's id. If the context does not contain the answer, "
+    "say that you do not know rather than guessing. Be concise. " + PASSAGES_ARE_DATA
 )
 STEPS_PROMPT = (
     " After the answer, write a line 'Steps:' and then the reasoning from the context to the answer, one "
-    "numbered step a line, each ending with the ids of the passages it uses in braces, as {id1, id2}."
+    "numbered step a line, each ending with the chunk ids (each passage's chunk attribute) of the passages "
+    "it uses in braces, as {id1, id2}."
 )
 LLM_STEPS_NOTE = (
     "The LLM's own steps from the passages to its answer; a step lists only chunk ids it was given."
@@ -311,8 +318,7 @@ class OpenAIGenerator:
 
     def __init__(self, settings: Settings) -> None:
         self.model_name = settings.llm_model
-        self._secrets = settings.llm_secrets
-        self._client = openai_client(settings)
+        self._llm = TechniqueLLM(settings)
 
     def generate(
         self,
@@ -324,34 +330,33 @@ class OpenAIGenerator:
         steps: bool = False,
         empty_reason: str = NOTHING_RETRIEVED,
     ) -> Generation:
-        """Ask the LLM, with the passages as numbered context (and their chunk ids when steps are wanted)."""
-        context = "\n\n".join(
-            f"[{p.citation}] {p.title}{f' {{{p.cited_id}}}' if steps else ''}\n{p.content}".strip()
-            for p in passages
-        )
-        user = f"Context:\n{context or f'(none: {empty_reason})'}\n\nQuestion: {query}"
-        system = SYSTEM_PROMPT + (STEPS_PROMPT if steps else "")
-        try:
-            completion = self._client.chat.completions.create(
-                model=self.model_name,
-                messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-                temperature=temperature,
-                max_tokens=max_tokens,
-            )
-        except Exception as exc:
-            from openai import APIConnectionError  # its subclass APITimeoutError too
+        """Ask the LLM, with the passages as numbered context (and their chunk ids when steps are wanted).
 
-            # Unreachable (refused, unknown host, timed out after LLM_MAX_RETRIES) is the spec's own code.
-            unreachable = isinstance(exc, APIConnectionError)
-            error = LlmServiceUnavailableError if unreachable else GenerationFailedError
-            what = "cannot be reached" if unreachable else "failed"
-            msg = f"the LLM at {self._client.base_url} {what}: {type(exc).__name__}: {exc}"
-            raise error(redact(msg, self._secrets)) from exc
-        text = reply_text(completion, max_tokens=max_tokens, remedy="; raise options.max_tokens")
-        if not steps:
-            return Generation(text, self.model_name, "llm")
-        answer, reasoning = parse_llm_steps(text, passages)
-        return Generation(answer, self.model_name, "llm", reasoning)
+        The passages go up to LLM_CONTEXT_CHARS; the answer keeps only citations to passages sent, and
+        metadata.generation says what was sent and removed, and whether the reply was cut short.
+        """
+        rendered = render_passages(
+            (PromptPassage(p.citation, p.title, p.content, p.cited_id if steps else None) for p in passages),
+            self._llm.context_chars,
+        )
+        user = f"Context:\n{rendered.text or f'(none: {empty_reason})'}\n\nQuestion: {query}"
+        system = SYSTEM_PROMPT + (STEPS_PROMPT if steps else "")
+        reply = self._llm.chat(
+            system, user, max_tokens=max_tokens, temperature=temperature, remedy="; raise options.max_tokens"
+        )
+        sent = passages[: rendered.sent]
+        answer, reasoning = parse_llm_steps(reply.text, sent) if steps else (reply.text, None)
+        answer, removed = strip_unknown_citations(answer, {p.citation for p in sent})
+        report: dict[str, Any] = {
+            "passages_sent": len(sent),
+            "passages_retrieved": len(passages),
+            "finish_reason": reply.finish_reason,
+            "answer_truncated": reply.truncated,
+            "removed_citations": removed,
+        }
+        if reply.capped_at_chars is not None:
+            report["reply_capped_at_chars"] = reply.capped_at_chars
+        return Generation(answer.strip() or reply.text, self.model_name, "llm", reasoning, report)
 
 
 # The steps section of an LLM's reply: a line "Steps:" (markdown emphasis allowed), then one step a line.

@@ -330,6 +330,7 @@ class Pipeline(ABC):
                     "llm_model": generation.model if generation else self.context.generator.model_name,
                 },
                 "answer_source": generation.source if generation else "none",
+                **({"generation": generation.report} if generation and generation.report else {}),
                 **(
                     {"relevance": {"best_query_similarity": round(best, 6), "floor": RELEVANCE_FLOOR}}
                     if (best := max(similarity.values(), default=None)) is not None

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import PipelineNotFoundError
-from iris_rag.llm import TechniqueLLM, strip_label
+from iris_rag.llm import PASSAGES_ARE_DATA, PromptPassage, TechniqueLLM, render_passages, strip_label
 from iris_rag.pipeline import Pipeline, QueryOptions, RetrievedDocument
 from iris_rag.stores.base import CollectionInfo
 from iris_rag.text import STOPWORDS, query_terms, split_sentences, stem
@@ -99,15 +99,12 @@ class SmartQuestions:
         method = "extractive"
         candidates: list[Candidate] = []
         if self.llm.available and passages:
+            prompt, sent = _llm_prompt(request.context, passages, wanted, self.llm.context_chars)
             produced = self.llm.produce(
-                LLM_SYSTEM,
-                _llm_prompt(request.context, passages, wanted),
-                max_tokens=60 * wanted,
-                fallback_name="extractive",
-                fallback=lambda: "",
+                LLM_SYSTEM, prompt, max_tokens=60 * wanted, fallback_name="extractive", fallback=lambda: ""
             )
             if produced.source == "llm":
-                candidates = parse_llm_questions(produced.text, passages)
+                candidates = parse_llm_questions(produced.text, passages[:sent])
                 method = "llm"
                 if not candidates:
                     llm_error = "the LLM's reply held no question citing a passage as [n]"
@@ -153,7 +150,7 @@ class SmartQuestions:
 LLM_SYSTEM = (
     "You suggest follow-up questions a reader could ask next. Each question must be answerable from one of "
     "the numbered passages alone and must not repeat the context. Write one question per line, ending with "
-    "the number of its passage in brackets, e.g. 'How does X affect Y? [2]'. No other text."
+    "the id of its passage in brackets, e.g. 'How does X affect Y? [2]'. No other text. " + PASSAGES_ARE_DATA
 )
 
 _LLM_LINE = re.compile(
@@ -161,11 +158,12 @@ _LLM_LINE = re.compile(
 )
 
 
-def _llm_prompt(context: str, passages: list[RetrievedDocument], wanted: int) -> str:
-    numbered = "\n\n".join(
-        f"[{n}] {d.chunk.title}\n{d.chunk.content}".strip() for n, d in enumerate(passages, start=1)
+def _llm_prompt(context: str, passages: list[RetrievedDocument], wanted: int, budget: int) -> tuple[str, int]:
+    """The prompt, with the passages that fit budget characters (LLM_CONTEXT_CHARS), and how many it holds."""
+    numbered = render_passages(
+        (PromptPassage(n, d.chunk.title, d.chunk.content) for n, d in enumerate(passages, start=1)), budget
     )
-    return f"Context:\n{context}\n\nPassages:\n{numbered}\n\nWrite {wanted} questions."
+    return f"Context:\n{context}\n\nPassages:\n{numbered.text}\n\nWrite {wanted} questions.", numbered.sent
 
 
 def parse_llm_questions(text: str, passages: list[RetrievedDocument]) -> list[Candidate]:

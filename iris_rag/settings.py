@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     # The defaults of options.temperature and options.max_tokens when a call gives none.
     llm_temperature: float = Field(0.0, ge=0, le=2, validation_alias="LLM_TEMPERATURE")
     llm_max_tokens: int = Field(1024, ge=1, le=8192, validation_alias="LLM_MAX_TOKENS")
+    # Characters of passages one prompt carries (about 12,000 tokens): passages past it are not sent, and
+    # rag_sqlrag's rows are rendered up to it, so no call sends more than a model's context takes.
+    llm_context_chars: int = Field(48_000, ge=1000, le=2_000_000, validation_alias="LLM_CONTEXT_CHARS")
 
     # Result cache: a technique call repeated on unchanged data is answered from memory.
     cache_enabled: bool = Field(False, validation_alias="CACHE_ENABLED")

@@ -41,6 +41,10 @@ class FakeOpenAIServer:
         self.status = status
         # "length": the model stopped at max_tokens (a reasoning model that spent them all thinking).
         self.finish_reason = "stop"
+        # (content type, text): a 200 sent as is instead of a completion (a proxy's HTML login page, say).
+        self.raw_reply: tuple[str, str] | None = None
+        # The error object of a failure (status other than 200): OpenAI's shape, with its code if any.
+        self.error: dict[str, Any] = {"message": "fake failure", "type": "server_error"}
         self.requests: list[dict[str, Any]] = []
         # Called with each chat request as it arrives (a test cancels its request here).
         self.on_request: Callable[[dict[str, Any]], None] | None = None
@@ -54,8 +58,12 @@ class FakeOpenAIServer:
                 )
                 if fake.on_request is not None:
                     fake.on_request(body)
+                if fake.status == 200 and fake.raw_reply is not None:
+                    content_type, text = fake.raw_reply
+                    self._send(200, content_type, text.encode())
+                    return
                 if fake.status != 200:
-                    payload: dict[str, Any] = {"error": {"message": "fake failure", "type": "server_error"}}
+                    payload: dict[str, Any] = {"error": fake.error}
                 elif self.path.partition("?")[0].endswith("/embeddings"):
                     texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
                     size = int(body.get("dimensions") or EMBEDDING_DIMENSIONS)
@@ -83,9 +91,11 @@ class FakeOpenAIServer:
                         ],
                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                     }
-                data = json.dumps(payload).encode()
-                self.send_response(fake.status)
-                self.send_header("Content-Type", "application/json")
+                self._send(fake.status, "application/json", json.dumps(payload).encode())
+
+            def _send(self, status: int, content_type: str, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

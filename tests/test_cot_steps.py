@@ -156,7 +156,10 @@ def test_llm_steps_cite_the_chunks_it_was_given(llm_service: RagService, fake_ll
     assert "invented#7" not in str(steps)  # an id the LLM was not given is dropped
     body = fake_llm.requests[-1]["body"]
     assert "Steps:" in body["messages"][0]["content"]
-    assert "[1] Aspirin and heart attacks {aspirin#0}" in body["messages"][1]["content"]
+    assert (
+        '<passage id="1" title="Aspirin and heart attacks" chunk="aspirin#0">'
+        in body["messages"][1]["content"]
+    )
     validate_technique_response(result)
 
 

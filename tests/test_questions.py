@@ -166,7 +166,7 @@ def test_llm_questions_keep_only_those_that_retrieve_their_passage(
         assert result["questions"][0]["document_id"] == "sourdough"
         assert result["candidates_rejected"] == 1  # the volcano question does not retrieve the bread passage
         prompt = server.requests[-1]["body"]["messages"][1]["content"]
-        assert "How is sourdough made?" in prompt and "[1] Baking sourdough" in prompt
+        assert "How is sourdough made?" in prompt and '<passage id="1" title="Baking sourdough">' in prompt
 
         server.status = 500  # a failing LLM: extractive questions, and the response says why
         fallback = service.smart_questions({"context": "How is sourdough made?", "collection_id": "docs"})

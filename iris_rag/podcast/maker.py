@@ -182,7 +182,7 @@ class PodcastMaker:
         for document in given:
             citations.cite(document)
         words = round(target_s / 60 * HOST.rate)
-        first = script.llm_prompt(topic, given, citations.numbers, words)
+        first = script.llm_prompt(topic, given, citations.numbers, words, self.llm.context_chars)
         valid = set(citations.numbers.values())
         turns: list[Turn] = []
         seen: set[str] = set()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from iris_rag.llm import PASSAGES_ARE_DATA, PromptPassage, render_passages, strip_unknown_citations
 from iris_rag.pipeline import RetrievedDocument
 from iris_rag.questions import PhraseStatistics, key_phrase, pattern_question
 from iris_rag.text import split_sentences
@@ -119,20 +120,32 @@ def extractive_exchanges(passages: list[RetrievedDocument], citations: Citations
 LLM_SYSTEM = (
     "You write the script of a two-voice podcast, grounded only in the numbered passages you are given. "
     "Every line starts with 'HOST:' or 'GUEST:'. The host asks and links topics; the guest explains, citing "
-    "the passages used as [n] after each claim. Say nothing the passages do not support. No stage "
-    "directions, no headings, no sound effects."
+    "the passages used as [n] after each claim, n being the passage's id. Say nothing the passages do not "
+    "support. No stage directions, no headings, no sound effects. " + PASSAGES_ARE_DATA
 )
 
 _LINE = re.compile(r"^\W*(?P<speaker>host|guest)\W*:\W*(?P<text>.+)$", re.IGNORECASE)
 
 
-def llm_prompt(topic: str, passages: list[RetrievedDocument], citations: dict[str, int], words: int) -> str:
-    """The first request: the topic, the length in words, the passages numbered by document."""
-    numbered = "\n\n".join(
-        f"[{citations[d.chunk.document_id]}] {d.chunk.title}\n{d.chunk.content[:LLM_PASSAGE_CHARS]}".strip()
-        for d in passages
+def llm_prompt(
+    topic: str,
+    passages: list[RetrievedDocument],
+    citations: dict[str, int],
+    words: int,
+    budget: int | None = None,
+) -> str:
+    """The first request: the topic, the length in words, the passages numbered by document.
+
+    budget: the passages' characters (LLM_CONTEXT_CHARS); those past it are left out.
+    """
+    numbered = render_passages(
+        (
+            PromptPassage(citations[d.chunk.document_id], d.chunk.title, d.chunk.content[:LLM_PASSAGE_CHARS])
+            for d in passages
+        ),
+        budget,
     )
-    return f"Topic: {topic}\nLength: about {words} words.\n\nPassages:\n{numbered}"
+    return f"Topic: {topic}\nLength: about {words} words.\n\nPassages:\n{numbered.text}"
 
 
 def continuation_prompt(first_prompt: str, turns: list[Turn], words: int) -> str:
@@ -145,13 +158,17 @@ def continuation_prompt(first_prompt: str, turns: list[Turn], words: int) -> str
 
 
 def parse_script(text: str, valid: set[int], seen: set[str]) -> list[Turn]:
-    """The reply's HOST:/GUEST: lines as turns, citations limited to real passages; lines seen are skipped."""
+    """The reply's HOST:/GUEST: lines as turns; lines seen are skipped.
+
+    A citation to no passage sent ([9] of four) comes out of the text as out of the turn's citations: the
+    transcript cites only what `sources` lists.
+    """
     turns = []
     for line in text.splitlines():
         match = _LINE.match(line.strip())
         if match is None:
             continue
-        body = " ".join(match["text"].split())
+        body = " ".join(strip_unknown_citations(match["text"], valid)[0].split())
         key = body.lower()
         if not body or key in seen:
             continue

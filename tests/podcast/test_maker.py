@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import json
+import re
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +163,31 @@ def test_an_llm_script_is_spoken_and_a_short_one_is_made_up(
     assert abs(result["duration_s"] - 60) <= 15
     sidecar = json.loads(Path(result["audio_path"]).with_suffix(".json").read_text())
     assert sidecar["collection_id"] == "sci" and sidecar["transcript"] == result["transcript"]
+
+
+def test_citations_to_passages_that_do_not_exist_leave_the_transcript(
+    loaded: RagService, data_dir: Path, embedder: Embedder
+) -> None:
+    """[97], [98], [99]: no passage sent has them; the marks come out of the text, as out of citations."""
+    script = (
+        "HOST: Welcome.\nGUEST: Vitamin D reduces fractures [1]. Per [99], it cures everything.\n"
+        "HOST: Interesting.\nGUEST: Glass blocks UVB [1][97], [1, 98] and [98, 99].\n"
+    )
+    server = FakeOpenAIServer(reply=script)
+    settings = Settings(RAG_DATA_DIR=data_dir, RAG_TECHNIQUES=TECHNIQUES, **server.llm_settings())
+    service = RagService(settings, embedder=embedder)
+    try:
+        result = service.generate_podcast({"topic": TOPIC, "collection_id": "sci", "duration_minutes": 1})
+    finally:
+        service.close()
+        server.close()
+    mapped = {s["citation"] for s in result["sources"]}
+    texts = {t["text"] for t in result["transcript"]}
+    assert "Vitamin D reduces fractures [1]. Per, it cures everything." in texts
+    assert "Glass blocks UVB [1], [1] and." in texts
+    for turn in result["transcript"]:
+        cited = {int(n) for n in re.findall(r"\d+", " ".join(re.findall(r"\[[\d, ]+\]", turn["text"])))}
+        assert cited <= mapped, turn
 
 
 def test_the_request_model_mirrors_the_schema() -> None:

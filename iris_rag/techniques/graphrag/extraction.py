@@ -9,8 +9,9 @@ evidences them):
   mRNA, CD4+) are entities; multi-word terms are runs of content words between function words, verbs and
   punctuation; capitalised words inside a sentence are names. Entities that share a sentence are related
   (type "co_occurs"), and a relation's weight is how often that happens.
-- LlmExtractor: asks the configured OpenAI-compatible server for typed entities and typed, directed
-  relations in each chunk, and grounds every entity name in the chunk's text to get its offsets.
+- LlmExtractor: asks the configured OpenAI-compatible server (through iris_rag.llm's one client) for typed
+  entities and typed, directed relations in each chunk, and grounds every entity name in the chunk's text
+  to get its offsets; any failure of the call or its reply leaves the chunk to RuleExtractor.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rapidfuzz import fuzz
 
-from iris_rag.llm import openai_client
-from iris_rag.redaction import redact
-from iris_rag.settings import Settings
+from iris_rag.llm import TechniqueLLM, failure_text
 from iris_rag.text import split_sentences
 
 TextField = Literal["title", "content"]
@@ -660,6 +659,9 @@ def _only_overlapping(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> boo
 
 
 # LLM extraction
+EXTRACTION_MAX_TOKENS = 1024
+
+
 class ExtractionFailedError(Exception):
     """The LLM's extraction could not be used (request failed or the reply was not the JSON asked for)."""
 
@@ -699,32 +701,6 @@ class _LlmGraph(BaseModel):
     relations: list[_LlmRelation] = Field(default_factory=list)
 
 
-class ChatClient:
-    """Technique-internal calls to the configured OpenAI-compatible server (as the generator makes them)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.model_name = settings.llm_model
-        self._secrets = settings.llm_secrets
-        self._client = openai_client(settings)
-
-    def complete(self, system: str, user: str, *, max_tokens: int = 1024) -> str:
-        """One chat completion at temperature 0; raises ExtractionFailedError on any failure."""
-        try:
-            completion = self._client.chat.completions.create(
-                model=self.model_name,
-                messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-                temperature=0.0,
-                max_tokens=max_tokens,
-            )
-        except Exception as exc:
-            msg = f"the LLM at {self._client.base_url} failed: {type(exc).__name__}: {exc}"
-            raise ExtractionFailedError(redact(msg, self._secrets)) from exc
-        if not completion.choices or not completion.choices[0].message.content:
-            msg = "the LLM returned no text"
-            raise ExtractionFailedError(msg)
-        return completion.choices[0].message.content
-
-
 def parse_llm_graph(reply: str) -> _LlmGraph:
     """The JSON object in an LLM reply (code fences and text around it are tolerated)."""
     start, end = reply.find("{"), reply.rfind("}")
@@ -762,13 +738,20 @@ class LlmExtractor:
 
     name = "llm"
 
-    def __init__(self, client: ChatClient) -> None:
-        self.client = client
+    def __init__(self, llm: TechniqueLLM) -> None:
+        self.llm = llm
 
     @property
     def model_name(self) -> str:
         """The chat model that extracts."""
-        return self.client.model_name
+        return self.llm.model_name or ""
+
+    def _reply(self, user: str) -> str:
+        """The LLM's reply; ExtractionFailedError on any failure, so the rules extract instead."""
+        try:
+            return self.llm.complete(EXTRACTION_PROMPT, user, max_tokens=EXTRACTION_MAX_TOKENS)
+        except Exception as exc:
+            raise ExtractionFailedError(failure_text(exc, self.llm.secrets)) from exc
 
     def extract_chunks(self, title: str, chunks: Iterable[tuple[int, int, str]]) -> DocumentGraph:
         """Extract from each (start, end, text) chunk of a document's content; each chunk is one unit."""
@@ -777,7 +760,7 @@ class LlmExtractor:
             unit = len(graph.units)
             graph.units.append(Unit("content", start, end))
             header = f"Title: {title}\n\n" if title else ""
-            parsed = parse_llm_graph(self.client.complete(EXTRACTION_PROMPT, f"{header}Text:\n{text}"))
+            parsed = parse_llm_graph(self._reply(f"{header}Text:\n{text}"))
             keys: dict[str, str] = {}
             for entity in parsed.entities:
                 key = entity_key(entity.name)

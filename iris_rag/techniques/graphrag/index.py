@@ -37,13 +37,13 @@ from scipy.sparse.csgraph import connected_components
 
 from iris_rag.cancellation import check_cancelled
 from iris_rag.encoder import TextEncoder
+from iris_rag.llm import TechniqueLLM
 from iris_rag.retrieval import vocabulary
 from iris_rag.settings import Settings
 from iris_rag.stores.appended import Column
 from iris_rag.stores.base import CacheItem, CacheOwner, DocumentInput, DocumentStore, cache_key
 from iris_rag.stores.versioned import VersionedCache, update_limit
 from iris_rag.techniques.graphrag.extraction import (
-    ChatClient,
     DocumentGraph,
     ExtractionFailedError,
     LlmExtractor,
@@ -166,7 +166,7 @@ class KnowledgeGraphIndex:
         self.embedder = embedder
         self.rules = RuleExtractor()
         self.llm: LlmExtractor | None = (
-            LlmExtractor(ChatClient(settings)) if settings.llm_provider == "openai" else None
+            LlmExtractor(TechniqueLLM(settings)) if settings.llm_provider == "openai" else None
         )
         self._tables: VersionedCache[EntityTable] = VersionedCache()
         self._components: VersionedCache[_Component] = VersionedCache()

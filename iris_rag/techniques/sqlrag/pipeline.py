@@ -34,9 +34,8 @@ from iris_rag.generation import (
     Reasoning,
     ReasoningStep,
 )
-from iris_rag.llm import openai_client, reply_text
+from iris_rag.llm import TechniqueLLM, failure_text
 from iris_rag.pipeline import Pipeline, QueryOptions, Retrieval, RetrievedDocument
-from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 from iris_rag.stores.base import CollectionInfo, StoredChunk, check_collection_id
 from iris_rag.stores.filters import parse_filters
@@ -72,6 +71,8 @@ GENERATION_ATTEMPTS = 2
 SQL_MAX_TOKENS = 512
 ANSWER_ROWS = 20
 PASSAGE_CELL_CHARS = 200
+# Characters of the table passage that are not rows: its summary line, title and <passage> markup.
+TABLE_PASSAGE_MARGIN = 600
 
 SqlSource = Literal["caller", "llm"]
 
@@ -140,9 +141,8 @@ class SqlWriter:
     """Asks the configured OpenAI-compatible LLM for one SELECT (a technique-internal call)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.model = settings.llm_model
-        self.secrets = settings.llm_secrets
-        self._client = openai_client(settings)
+        self._llm = TechniqueLLM(settings)
+        self.secrets = self._llm.secrets
 
     def write(
         self,
@@ -166,13 +166,7 @@ class SqlWriter:
                 f"\n\nThis statement was rejected ({attempt['rejected']}):\n{attempt['sql']}\n"
                 "Write a corrected one."
             )
-        completion = self._client.chat.completions.create(
-            model=self.model,
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-            temperature=0.0,
-            max_tokens=SQL_MAX_TOKENS,
-        )
-        sql = extract_sql(reply_text(completion, max_tokens=SQL_MAX_TOKENS))
+        sql = extract_sql(self._llm.complete(system, user, max_tokens=SQL_MAX_TOKENS))
         if not sql:
             msg = "the LLM's reply holds no SQL statement"
             raise GenerationFailedError(msg)
@@ -185,23 +179,38 @@ def _cell_text(value: Any, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def render_rows(columns: list[str], rows: list[list[Any]], cell_chars: int) -> str:
-    """Rows as a Markdown-style pipe table."""
+def render_rows(
+    columns: list[str], rows: list[list[Any]], cell_chars: int, budget: int | None = None
+) -> tuple[str, int]:
+    """Rows as a Markdown-style pipe table, and how many it holds: those that fit budget characters."""
     lines = [
         "| " + " | ".join(_cell_text(c, cell_chars) for c in columns) + " |",
         "| " + " | ".join("---" for _ in columns) + " |",
     ]
-    lines += ["| " + " | ".join(_cell_text(v, cell_chars) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+    used = sum(len(line) + 1 for line in lines)
+    for row in rows:
+        line = "| " + " | ".join(_cell_text(v, cell_chars) for v in row) + " |"
+        used += len(line) + 1
+        if budget is not None and used > budget and len(lines) > 2:  # one row at least, however wide
+            break
+        lines.append(line)
+    return "\n".join(lines), len(lines) - 2
 
 
-def _rows_summary(run: SqlRun) -> str:
+def _rows_summary(run: SqlRun, rendered: int) -> str:
     count = len(run.result.rows)
     if run.result.truncated_by == "max_result_bytes":
-        return f"{count} rows (cut at the result size limit of {MAX_RESULT_BYTES:,} bytes; more rows matched)"
-    if run.result.truncated:
-        return f"{count} rows (cut at max_rows; more rows matched)"
-    return f"{count} row{'s' if count != 1 else ''}"
+        text = f"{count} rows (cut at the result size limit of {MAX_RESULT_BYTES:,} bytes; more rows matched)"
+    elif run.result.truncated:
+        text = f"{count} rows (cut at max_rows; more rows matched)"
+    else:
+        text = f"{count} row{'s' if count != 1 else ''}"
+    if rendered < count:
+        text += (
+            f"; rows sent to the LLM: {rendered} of {count} (LLM_CONTEXT_CHARS; every row is in "
+            "metadata.technique_specific.rows)"
+        )
+    return text
 
 
 class SqlRagPipeline(Pipeline):
@@ -398,7 +407,7 @@ class SqlRagPipeline(Pipeline):
                     query, schema, params.max_sql_complexity, rejected, self._storage.dialect
                 )
             except Exception as exc:
-                why = redact(f"{type(exc).__name__}: {exc}", self._writer.secrets)
+                why = failure_text(exc, self._writer.secrets)
                 msg = (
                     f"technique_params.sql is required: the LLM failed to write it ({why}). "
                     f"Write one {dialect_name(self._storage.dialect)} SELECT over the tables in "
@@ -430,10 +439,12 @@ class SqlRagPipeline(Pipeline):
     def _table_passage(self, run: SqlRun) -> RetrievedDocument:
         """The rows as one passage (ranked first: they are exact, not similar)."""
         result = run.result
-        content = f"SQL: {run.checked.executed_sql}\nResult: {_rows_summary(run)}\n\n" + render_rows(
-            result.columns, result.rows, PASSAGE_CELL_CHARS
-        )
         tables = list(run.checked.tables)
+        sql = f"SQL: {run.checked.executed_sql}\n"
+        # The rows fill LLM_CONTEXT_CHARS, less the SQL and the lines around them; the rest are counted.
+        room = self.context.settings.llm_context_chars - len(sql) - TABLE_PASSAGE_MARGIN
+        table, rendered = render_rows(result.columns, result.rows, PASSAGE_CELL_CHARS, room)
+        content = f"{sql}Result: {_rows_summary(run, rendered)}\n\n{table}"
         chunk = StoredChunk(
             chunk_id=SQL_CHUNK_ID,
             document_id=SQL_DOCUMENT_ID,
@@ -504,20 +515,23 @@ class SqlRagPipeline(Pipeline):
         start = next(i for i, line in enumerate(lines) if line.startswith("| "))
         header, separator, *rows = lines[start:]
         sql = metadata["sql"]
-        if not rows:
+        if not metadata["row_count"]:
             return f"The SQL returned no rows [1].\nSQL: {sql}"
         shown = rows[:ANSWER_ROWS]
         text = (
             "From the table rows [1] (the SQL result, quoted as returned; no LLM configured):\n"
             + "\n".join([header, separator, *shown])
         )
-        if len(rows) > len(shown) or metadata["truncated"]:
+        if metadata["row_count"] > len(shown) or metadata["truncated"]:
             more = {
                 "max_rows": " and more rows matched (raise max_rows)",
                 "max_result_bytes": " and more rows matched past the result size limit (select fewer or "
                 "shorter columns)",
             }.get(metadata["truncated_by"], "")
-            text += f"\n(showing {len(shown)} of {len(rows)} rows{more}; all returned rows are in metadata)"
+            text += (
+                f"\n(showing {len(shown)} of {metadata['row_count']} rows{more}; all returned rows are in "
+                "metadata)"
+            )
         return text + f"\nSQL: {sql}"
 
     # Bridge methods

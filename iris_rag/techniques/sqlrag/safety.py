@@ -173,6 +173,17 @@ def _function_name(node: exp.Func) -> str:
     return node.name.lower() if isinstance(node, exp.Anonymous) else node.sql_name().lower()
 
 
+def _written_name(node: exp.Func, dialect: str) -> str:
+    """The function as the statement names it, for messages.
+
+    sqlglot reads sqlite_version() and version() as one CURRENT_VERSION, a name the caller never wrote;
+    the statement's dialect writes it back as it was spelt.
+    """
+    if isinstance(node, exp.Anonymous):
+        return node.name.lower()
+    return node.sql(dialect=dialect).partition("(")[0].strip().lower() or _function_name(node)
+
+
 def _refuse_deep_nesting(check: Callable[_P, CheckedSql]) -> Callable[_P, CheckedSql]:
     """SQL_REJECTED for a statement nested past what the parser's recursion can take."""
 
@@ -237,7 +248,7 @@ def check_sql(
         if isinstance(node, exp.Table):
             _check_table(node, dialect, cte_names, allowed_names, registered_names, existing_names, used)
         elif isinstance(node, exp.Func):
-            _check_function(node)
+            _check_function(node, dialect)
         if dialect == "postgres":
             _check_postgres(node)
         if isinstance(node, exp.Column) and not node.table and node.name.lower() in SYSTEM_INFORMATION:
@@ -318,12 +329,15 @@ def _check_table(
         reject(f"no table {node.name!r}; queryable: {', '.join(sorted(allowed)) or 'none'}")
 
 
-def _check_function(node: exp.Func) -> None:
+def _check_function(node: exp.Func, dialect: str) -> None:
     name = _function_name(node)
+    # Written back only for a refusal: every AND of a long chain is a Func, and writing each is quadratic.
     if name in DANGEROUS_FUNCTIONS:
-        reject(f"function {name}() is not allowed (it touches files, loads code or builds huge values)")
+        written = _written_name(node, dialect)
+        reject(f"function {written}() is not allowed (it touches files, loads code or builds huge values)")
     if name in SYSTEM_INFORMATION:
-        reject(f"function {name}() tells about the server, not the data; it is not available")
+        written = _written_name(node, dialect)
+        reject(f"function {written}() tells about the server, not the data; it is not available")
     if isinstance(node, exp.RegexpLike):
         reject("REGEXP is not available; use LIKE, GLOB or instr()")
     if isinstance(node, exp.Anonymous) and name not in SAFE_FUNCTIONS:

@@ -393,6 +393,24 @@ def test_llm_failure_falls_back_to_the_rules_and_says_so(
         server.close()
 
 
+def test_a_reply_that_is_not_a_chat_completion_falls_back_to_the_rules(
+    tmp_path: Path, embedder: Embedder, llm_server: FakeOpenAIServer
+) -> None:
+    """A proxy's HTML page (200, text/html) is the LLM failing like any other: the rules extract."""
+    llm_server.raw_reply = ("text/html", "<html>login</html>")
+    service = _llm_service(tmp_path, llm_server, embedder)
+    try:
+        service.ingest(
+            {"collection_id": "kg", "documents": [{"id": "m", "content": "Metformin activates AMPK."}]}
+        )
+        assert _rows(service, "SELECT extractor FROM kg_documents") == [("rules_fallback",)]
+        assert {"metformin", "ampk"} <= _entity_names(service, "kg")
+        note = _rows(service, "SELECT note FROM kg_documents")[0][0]
+        assert "not a chat completion" in note and llm_server.base_url in note
+    finally:
+        service.close()
+
+
 def test_index_tables_live_in_the_store_file(service: RagService) -> None:
     tables = {
         r[0]

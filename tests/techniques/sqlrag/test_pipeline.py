@@ -1,6 +1,7 @@
 """rag_sqlrag on a real store and model: where the SQL comes from, every parameter, the tools and the CLI."""
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,8 +158,8 @@ def test_the_llm_answer_sees_the_rows_as_passage_one(
     result = sqlrag(llm_service, "Total sales per region?")
     assert result["metadata"]["answer_source"] == "llm"
     context = fake_llm.requests[-1]["body"]["messages"][1]["content"]
-    assert context.startswith("Context:\n[1] Table rows: t_sales\nSQL: SELECT region")
-    assert "| north | 13.5 |" in context and "[2] " in context
+    assert context.startswith('Context:\n<passage id="1" title="Table rows: t_sales">\nSQL: SELECT region')
+    assert "| north | 13.5 |" in context and '<passage id="2" ' in context
 
 
 def test_a_rejected_llm_statement_gets_one_more_try(
@@ -199,6 +200,41 @@ def test_an_empty_llm_reply_asks_the_caller_for_sql(
     blank = not (reply or "").strip()
     assert ('finish_reason "length"' in caught.value.message) == blank, "a fenced block is text, yet no SQL"
     assert len(fake_llm.requests) == 1, "an empty reply is not retried as a rejected statement"
+
+
+def test_a_reply_that_is_not_a_chat_completion_names_the_llm(
+    llm_service: RagService, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.raw_reply = ("text/html", "<html><body>Please log in</body></html>")
+    with pytest.raises(InvalidParametersError) as caught:
+        sqlrag(llm_service, generate=False)
+    message = caught.value.message
+    assert "the LLM failed to write it" in message and "AttributeError" not in message
+    assert f"the LLM at {fake_llm.base_url}" in message and "not a chat completion" in message
+    assert "content-type text/html" in message and "Please log in" in message
+
+
+def test_the_rows_sent_to_the_llm_fit_the_context_budget(
+    tmp_path: Path, embedder: Embedder, fake_llm: FakeOpenAIServer
+) -> None:
+    """A wide result is rendered up to LLM_CONTEXT_CHARS, the rest counted; all rows stay in metadata."""
+    settings = Settings(RAG_DATA_DIR=tmp_path / "budget", LLM_CONTEXT_CHARS=4000, **fake_llm.llm_settings())
+    service = RagService(settings, embedder=embedder)
+    try:
+        load_tables(service)
+        wide = [{"id": i, **{f"c{c}": f"value {i}-{c} " * 10 for c in range(5)}} for i in range(200)]
+        pipeline_of(service).ingest_table({"table": "wide", "collection_id": "docs", "rows": wide})
+        fake_llm.reply = "Many rows [1]."
+        result = sqlrag(service, "list", {"sql": "SELECT * FROM t_wide", "max_rows": 200})
+        user = fake_llm.requests[-1]["body"]["messages"][1]["content"]
+        assert len(user) < 4000 + 500, "the prompt holds the passages' budget and its own few words"
+        sent = re.search(r"rows sent to the LLM: (\d+) of 200", user)
+        assert sent is not None and 0 < int(sent[1]) < 200
+        assert len(re.findall(r"^\| \d+ \|", user, re.MULTILINE)) == int(sent[1]), "one line a row sent"
+        assert len(specific(result)["rows"]) == 200
+        assert result["metadata"]["generation"]["passages_sent"] >= 1
+    finally:
+        service.close()
 
 
 def test_combine_with_vector(sql_service: RagService) -> None:

@@ -275,6 +275,23 @@ def test_complexity_is_counted_as_documented() -> None:
 
 
 @pytest.mark.parametrize(
+    ("dialect", "sql", "named"),
+    [
+        ("sqlite", "SELECT sqlite_version()", "sqlite_version()"),
+        ("postgres", "SELECT version()", "version()"),
+        ("sqlite", "SELECT Load_Extension('x')", "load_extension()"),
+    ],
+)
+def test_a_refused_function_is_named_as_the_caller_wrote_it(dialect: str, sql: str, named: str) -> None:
+    """sqlglot reads sqlite_version() and version() as CURRENT_VERSION: the refusal names what was written."""
+    with pytest.raises(SqlRejectedError) as caught:
+        check_sql(
+            sql, dialect=dialect, allowed=[], registered=[], existing=[], complexity="simple", max_rows=5
+        )
+    assert f"function {named} " in caught.value.message and "current_version" not in caught.value.message
+
+
+@pytest.mark.parametrize(
     ("sql", "max_rows", "query_limit", "row_limit", "executed_limit"),
     [
         ("SELECT x FROM t_a", 100, None, 100, "LIMIT 101"),
