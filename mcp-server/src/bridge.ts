@@ -431,10 +431,14 @@ export class WorkerBridge {
   private expire(call: Call): void {
     const { timeoutMs } = call;
     const queued = this.dropQueued(call);
-    const error = new BridgeError("TIMEOUT_EXCEEDED", `${call.method} did not answer or report progress within ${timeoutMs} ms`, {
+    // Before its ready line the worker reads nothing: it is opening the store (an upgrade can take minutes).
+    const starting = this.worker !== undefined && !this.workerReady;
+    const why = starting ? ": the worker is still starting" : "";
+    const error = new BridgeError("TIMEOUT_EXCEEDED", `${call.method} did not answer or report progress within ${timeoutMs} ms${why}`, {
       timeout_ms: timeoutMs,
       // Whether the worker ever got it: if not, only the front end can record the call.
       stage: queued ? "queued" : "running",
+      ...(starting && { worker: "starting" }),
     });
     this.answer(call, error);
     if (!queued) this.drain(call, "timeout");

@@ -33,6 +33,10 @@ export const ERROR_HINTS = {
 
 export type ErrorCode = keyof typeof ERROR_HINTS;
 
+/** TIMEOUT_EXCEEDED's hint for a call that timed out before the worker was ready (details.worker "starting"). */
+export const WORKER_STARTING_HINT =
+  "The worker is still starting (a store upgrade or a model load; the server's log says which): retry shortly, or raise REQUEST_TIMEOUT_MS.";
+
 export const isErrorCode = (code: string): code is ErrorCode => Object.hasOwn(ERROR_HINTS, code);
 
 /** A failure with a code from the list above; built from the worker's error object or by the front end. */
@@ -49,6 +53,8 @@ export class BridgeError extends Error {
   }
 
   get hint(): string {
+    // Such a call waited on the worker's start, not on its own size: a smaller request would not help.
+    if (this.code === "TIMEOUT_EXCEEDED" && this.details?.worker === "starting") return WORKER_STARTING_HINT;
     return isErrorCode(this.code) ? ERROR_HINTS[this.code] : ERROR_HINTS.INTERNAL_ERROR;
   }
 

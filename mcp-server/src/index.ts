@@ -6,6 +6,7 @@
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 
 import { ConfigError, loadConfig, loadDotenv, type Config } from "./config.js";
+import { BridgeError } from "./errors.js";
 import { gatedInput } from "./frames.js";
 import { HttpFrontDoor } from "./http.js";
 import { createServer, type IrisRagServer } from "./server.js";
@@ -39,7 +40,13 @@ async function main(): Promise<void> {
   // Start the worker now, so the first call does not wait for Python to start.
   core.tools
     .warmUp(config.workerStartTimeoutMs)
-    .catch((error: unknown) => console.error(`[iris-rag] the worker did not start (a call will try again): ${String(error)}`));
+    .catch((error: unknown) =>
+      console.error(
+        error instanceof BridgeError && error.details?.worker === "starting"
+          ? `[iris-rag] the worker is still starting after ${config.workerStartTimeoutMs} ms (a store upgrade or a model load: its log says which); calls wait for it up to REQUEST_TIMEOUT_MS`
+          : `[iris-rag] the worker did not start (a call will try again): ${String(error)}`,
+      ),
+    );
 }
 
 async function serveStdio(config: Config, core: IrisRagServer, shutdown: (reason: string) => void): Promise<() => Promise<void>> {

@@ -457,6 +457,10 @@ def migrate(connection: Connection[Any]) -> list[int]:
                 f"release reads up to {known}): upgrade iris-rag; the store was left as it is"
             )
             raise DatabaseConnectionFailedError(msg)
+        missing = [version for version, _, _ in MIGRATIONS if version not in done]
+        if done and missing:
+            # Said before the work: the server answers nothing until the steps are committed.
+            logger.warning("upgrading the PostgreSQL store to schema %d (migrations %s)", known, missing)
         applied: list[int] = []
         for version, description, statements in MIGRATIONS:
             if version in done:

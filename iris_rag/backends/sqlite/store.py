@@ -210,6 +210,11 @@ FROM collections c WHERE NOT EXISTS (SELECT 1 FROM collection_counts n WHERE n.c
 _OLD_TRIGGERS = ("documents_version_insert", "documents_version_update", "documents_version_delete")
 # Versions of change log kept per collection: a process further behind than this reloads its matrix whole.
 CHANGE_LOG_VERSIONS = 10_000
+# Seconds between an upgrade's progress lines: a large store's keyword tables take minutes to rebuild, and
+# the server answers nothing until it is done.
+UPGRADE_PROGRESS_S = 5.0
+# SQLite virtual-machine steps between looks at that clock from inside a long statement.
+_PROGRESS_CHECK_STEPS = 100_000
 
 
 # Chunks from which an unfiltered flat keyword search is pruned (MaxScore over FTS5, _pruned_flat_search).
@@ -310,8 +315,55 @@ def _build_keyword_tables(connection: sqlite3.Connection, collection_id: str) ->
     """
     for suffix in _KEYWORD_SUFFIXES:
         connection.execute(f"DROP TABLE IF EXISTS {_quote(keyword_table_name(collection_id, suffix))}")
+    progress = _RebuildProgress(collection_id)
+    connection.set_progress_handler(progress.check, _PROGRESS_CHECK_STEPS)
+    try:
+        chunks = _fill_keyword_tables(connection, collection_id, progress)
+    finally:
+        connection.set_progress_handler(None, 0)
+    dropped = _drop_legacy_tables(connection, collection_id)
+    if chunks or dropped:
+        logger.info(
+            "built the keyword tables of %r from its rows (%d chunks; %d old tables dropped)",
+            collection_id,
+            chunks,
+            dropped,
+        )
+
+
+class _RebuildProgress:
+    """Says, at most every UPGRADE_PROGRESS_S, which step of a collection's keyword rebuild is running."""
+
+    def __init__(self, collection_id: str) -> None:
+        self.collection_id = collection_id
+        self.started = self.said = time.monotonic()
+        self.step = ""
+
+    def enter(self, step: str) -> None:
+        self.step = step
+        self.check()
+
+    def check(self) -> int:
+        """Also SQLite's progress handler, called inside the step's statements: 0 lets them go on."""
+        now = time.monotonic()
+        if now - self.said >= UPGRADE_PROGRESS_S:
+            self.said = now
+            logger.warning(
+                "still rebuilding the keyword tables of %r: %s (%.0f s so far)",
+                self.collection_id,
+                self.step,
+                now - self.started,
+            )
+        return 0
+
+
+def _fill_keyword_tables(
+    connection: sqlite3.Connection, collection_id: str, progress: _RebuildProgress
+) -> int:
+    """_build_keyword_tables' new tables, made and filled; the number of chunks."""
     main, title = fts_table(collection_id), title_fts_table(collection_id)
     content = content_fts_table(collection_id)
+    progress.enter("step 1 of 3, the keyword index")
     connection.execute(
         f"CREATE VIRTUAL TABLE {main} USING fts5(title, content, tokenize = 'porter unicode61')"
     )
@@ -328,23 +380,18 @@ def _build_keyword_tables(connection: sqlite3.Connection, collection_id: str) ->
         f"INSERT INTO {main} (rowid, title, content) SELECT k.rowid, d.title, k.content {_ROWS_OF}",
         (collection_id,),
     ).rowcount
+    progress.enter("step 2 of 3, the title index")
     titles = connection.execute(f"SELECT k.rowid, d.title {_ROWS_OF}", (collection_id,))
     connection.executemany(
         f"INSERT INTO {title} (rowid, title) VALUES (?, ?)",
         ((row[0], row[1]) for row in titles if _indexed_title(row[1])),
     )
+    progress.enter("step 3 of 3, the content index")
     connection.execute(
         f"INSERT INTO {content} (rowid, content) SELECT rowid, content FROM chunks WHERE collection_id = ?",
         (collection_id,),
     )
-    dropped = _drop_legacy_tables(connection, collection_id)
-    if chunks or dropped:
-        logger.info(
-            "built the keyword tables of %r from its rows (%d chunks; %d old tables dropped)",
-            collection_id,
-            chunks,
-            dropped,
-        )
+    return int(chunks)
 
 
 def _drop_legacy_tables(connection: sqlite3.Connection, collection_id: str) -> int:
@@ -426,7 +473,17 @@ class SqliteStore:
         self._opened_file: tuple[int, int] | None = None  # set once open: _check_file
         with self._write_lock:
             connection = self._connection()
-            self._refuse_newer_schema(connection)
+            found = self._refuse_newer_schema(connection)
+            # Said before the work: until the upgrade ends the server answers nothing (a new file has 0).
+            upgrading, started = 0 < found < SCHEMA_VERSION, time.monotonic()
+            if upgrading:
+                logger.warning(
+                    "upgrading the SQLite store %s from schema %d to %d (a large store takes minutes; "
+                    "one stopped goes on at the next start)",
+                    path,
+                    found,
+                    SCHEMA_VERSION,
+                )
             # One transaction: no other process's write may land between an old trigger's drop and the
             # new one's creation (it would move no version).
             old_triggers = "".join(f"DROP TRIGGER IF EXISTS {name};" for name in _OLD_TRIGGERS)
@@ -434,10 +491,15 @@ class SqliteStore:
             connection.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}{triggers}COMMIT;")
             self._migrate(connection)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if upgrading:
+                elapsed = time.monotonic() - started
+                logger.warning(
+                    "upgraded the SQLite store %s to schema %d in %.1f s", path, SCHEMA_VERSION, elapsed
+                )
         self._opened_file = _file_identity(path)
 
-    def _refuse_newer_schema(self, connection: sqlite3.Connection) -> None:
-        """DATABASE_CONNECTION_FAILED, before anything is written, for a file a newer release wrote."""
+    def _refuse_newer_schema(self, connection: sqlite3.Connection) -> int:
+        """The file's schema version, read before any write: one a newer release wrote is refused."""
         found = int(connection.execute("PRAGMA user_version").fetchone()[0])
         if found > SCHEMA_VERSION:
             self.close()
@@ -446,6 +508,7 @@ class SqliteStore:
                 f"(this release reads up to {SCHEMA_VERSION}): upgrade iris-rag; the store was left as it is"
             )
             raise DatabaseConnectionFailedError(msg)
+        return found
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
         """Give every collection its keyword tables under the current names, one transaction each.
@@ -466,11 +529,18 @@ class SqliteStore:
                 "ON embedding_cache(collection_id, document_id)"
             )
         collections = [row[0] for row in connection.execute("SELECT id FROM collections ORDER BY id")]
-        for collection_id in collections:
-            if not _has_keyword_tables(connection, collection_id):
-                with self.write_transaction() as writing:
-                    self._ensure_keyword_tables(writing, collection_id)
-            self._keyword_ready.add(collection_id)
+        missing = [c for c in collections if not _has_keyword_tables(connection, c)]
+        for number, collection_id in enumerate(missing, 1):
+            logger.warning(
+                "rebuilding the keyword tables of %r (collection %d of %d, %d chunks)",
+                collection_id,
+                number,
+                len(missing),
+                self._chunk_count(collection_id),
+            )
+            with self.write_transaction() as writing:
+                self._ensure_keyword_tables(writing, collection_id)
+        self._keyword_ready.update(collections)
         if connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'chunks_fts'").fetchone():
             connection.execute("DROP TABLE IF EXISTS chunks_fts")
             logger.info("dropped the version 1 keyword table (chunks_fts)")

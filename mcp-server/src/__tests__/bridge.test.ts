@@ -315,6 +315,44 @@ for line in sys.stdin:
     await bridge.stop();
   });
 
+  it("names the worker's start, not the call's size, in a time-out before the worker is ready", async (t) => {
+    // The upgrade tester's store: its first open rebuilt keyword tables for minutes before the ready line,
+    // and every call timed out with "retry with a smaller top_k".
+    const root = freshDataDir();
+    mkdirSync(join(root, "iris_rag"));
+    writeFileSync(join(root, "iris_rag", "__init__.py"), "");
+    writeFileSync(
+      join(root, "iris_rag", "bridge.py"),
+      `import json, sys, time
+time.sleep(2)  # a store upgrade
+print(json.dumps({"id": None, "event": "ready"}), flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    if request["method"] != "hang":
+        print(json.dumps({"id": request["id"], "success": True, "result": request["method"]}), flush=True)
+`,
+    );
+    const bridge = new WorkerBridge({ python: config.python, cwd: root, requestTimeoutMs: 20_000, maxConcurrentRequests: 1, maxQueuedRequests: 4 });
+    t.after(() => bridge.stop());
+    const [sent, queued, control] = await Promise.all([
+      rejection(bridge.request("execute", {}, { timeoutMs: 500 })),
+      rejection(bridge.request("execute", {}, { timeoutMs: 500 })),
+      rejection(bridge.request("describe", {}, { timeoutMs: 500 })),
+    ]);
+    for (const error of [sent, queued, control]) {
+      assert.equal(error.code, "TIMEOUT_EXCEEDED");
+      assert.match(error.message, /the worker is still starting/);
+      assert.match(error.hint, /still starting \(a store upgrade or a model load/);
+      assert.doesNotMatch(error.hint, /top_k/);
+    }
+    assert.deepEqual([sent.details?.stage, queued.details?.stage], ["running", "queued"]);
+    // Once it is ready, a time-out is the call's own again.
+    assert.equal(await bridge.request("describe", {}), "describe");
+    const late = await rejection(bridge.request("hang", {}, { timeoutMs: 300 }));
+    assert.match(late.hint, /smaller top_k/);
+    assert.doesNotMatch(late.message, /starting/);
+  });
+
   it("fails with WORKER_UNAVAILABLE when the Python executable does not exist", async () => {
     const bridge = new WorkerBridge({ python: "/nonexistent/python3", cwd: config.repoRoot, requestTimeoutMs: 5_000, maxConcurrentRequests: 1, maxQueuedRequests: 1 });
     const [first, second] = await Promise.all([rejection(bridge.request("describe", {})), rejection(bridge.request("describe", {}))]);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,7 +69,7 @@ def test_migrations_from_empty_and_idempotent_reopen(postgres_url: str) -> None:
     second.close()
 
 
-def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str) -> None:
+def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
     """A database from before migration 2 (postings without lengths) opens with its postings scored alike.
 
     Its postings are then packed into blocks (migration 13).
@@ -92,7 +93,10 @@ def test_upgrade_keeps_data_and_keyword_scores(postgres_url: str) -> None:
             "ADD PRIMARY KEY (collection_id, term, chunk_row)"
         )
         connection.execute("DELETE FROM schema_migrations WHERE version = 2")
-    upgraded = PostgresStore(postgres_url)
+    with caplog.at_level(logging.WARNING, logger="iris_rag.backends.postgres.migrations"):
+        upgraded = PostgresStore(postgres_url)
+    known = MIGRATIONS[-1][0]
+    assert f"upgrading the PostgreSQL store to schema {known} (migrations [2, 13])" in caplog.messages
     try:
         got = upgraded.keyword_search("c", query, 10)
         assert [h.chunk_id for h in got] == [h.chunk_id for h in expected]
