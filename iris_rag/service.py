@@ -22,7 +22,7 @@ from iris_rag.errors import (
     PipelineNotFoundError,
 )
 from iris_rag.generation import create_generator
-from iris_rag.ingestion.background import IndexBuilder
+from iris_rag.ingestion.background import IndexBuilder, document_fingerprint, fingerprinted_document
 from iris_rag.ingestion.ingestor import Ingestor, IngestTotals
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.ingestion.paths import read_paths
@@ -216,7 +216,11 @@ class RagService:
     def reindex(self, collection_id: str, *, batch_size: int = 256) -> dict[str, Any]:
         """Re-ingest a collection's stored documents, rebuilding chunks, keyword rows and technique indexes.
 
-        The embedding cache holds every chunk's vector already, so nothing is embedded again.
+        The embedding cache holds every chunk's vector already, so nothing is embedded again. A document is
+        rewritten only if it is still as it was read (its fingerprint, checked in the write's transaction):
+        one another writer updated or deleted meanwhile is left as that writer left it (`skipped`). Every
+        technique index, the background builder's too, is rebuilt in that transaction: a document's old
+        rows answer until its new ones are in, and a reindex stopped midway leaves every index whole.
         """
         collection = self.store.get_collection(collection_id)
         if collection is None:
@@ -225,11 +229,23 @@ class RagService:
         document_ids = self.store.document_ids(collection_id)
         total = IngestTotals()
         for start in range(0, len(document_ids), batch_size):
-            batch = [
-                self.store.get_document(collection_id, d) for d in document_ids[start : start + batch_size]
+            read = [
+                fingerprinted_document(self.store, collection_id, d)
+                for d in document_ids[start : start + batch_size]
             ]
-            sources = [SourceDocument(d.id, d.content, d.title, d.metadata) for d in batch if d is not None]
-            total.add(self.ingestor.ingest(collection_id, sources))
+            fingerprints = {d.id: fingerprint for d, fingerprint in filter(None, read)}
+            sources = [SourceDocument(d.id, d.content, d.title, d.metadata) for d, _ in filter(None, read)]
+
+            def unchanged(document_id: str, fingerprints: dict[str, bytes] = fingerprints) -> bool:
+                now = document_fingerprint(self.store, collection_id, document_id)
+                return now == fingerprints[document_id]
+
+            result = self.ingestor.ingest(collection_id, sources, only_if=unchanged, every_index=True)
+            total.add(result)
+            total.skipped += len(read) - len(sources)  # deleted before it was read
+            if total.skipped and self.store.get_collection(collection_id) is None:
+                msg = f"collection {collection_id!r} does not exist (deleted while it was reindexed)"
+                raise CollectionNotFoundError(msg)
         return total.to_dict(collection_id)
 
     def stale_indexes(self, collection_id: str) -> list[str]:

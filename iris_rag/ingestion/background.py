@@ -40,7 +40,7 @@ import orjson
 from iris_rag.backends import connection_failure
 from iris_rag.cancellation import CancelToken, cancellation_scope, check_cancelled
 from iris_rag.errors import RequestCancelledError
-from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore
+from iris_rag.stores.base import ChunkInput, DocumentInput, DocumentStore, StoredDocument
 from iris_rag.stores.technique_index import DocumentCoverage, TechniqueIndex
 
 logger = logging.getLogger(__name__)
@@ -71,17 +71,29 @@ class _Loaded:
 
 def document_fingerprint(store: DocumentStore, collection_id: str, document_id: str) -> bytes | None:
     """What a document's index rows depend on, hashed; None if the document is gone."""
+    read = fingerprinted_document(store, collection_id, document_id)
+    return None if read is None else read[1]
+
+
+def fingerprinted_document(
+    store: DocumentStore, collection_id: str, document_id: str
+) -> tuple[StoredDocument, bytes] | None:
+    """A document read back with its fingerprint (document_fingerprint); None if it is gone.
+
+    A document replaced between its two reads has a fingerprint of neither version: never found again.
+    """
     document = store.get_document(collection_id, document_id)
     if document is None:
         return None
     chunks = store.get_document_chunks(collection_id, document_id)
-    return _fingerprint(
+    fingerprint = _fingerprint(
         document.title,
         document.content,
         document.metadata,
         document.updated_at,
         [(c.index, c.start_char, c.end_char, c.content) for c in chunks],
     )
+    return document, fingerprint
 
 
 def _fingerprint(

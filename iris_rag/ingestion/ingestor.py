@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -59,6 +59,7 @@ class IngestResult:
     errors: list[dict[str, Any]] = field(default_factory=list)
     time_ms: float = 0.0
     indexes_building: list[str] = field(default_factory=list)  # techniques whose index is built afterwards
+    left: list[str] = field(default_factory=list)  # ids `only_if` refused at the commit, left as stored
 
     def to_dict(self) -> dict[str, Any]:
         """The wire shape."""
@@ -82,6 +83,7 @@ class IngestTotals:
     chunks: int = 0
     embeddings_reused: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0  # documents left as they were (changed or deleted by another writer meanwhile)
 
     def add(self, result: IngestResult) -> None:
         """Count one call's result."""
@@ -89,6 +91,7 @@ class IngestTotals:
         self.chunks += result.chunks_created
         self.embeddings_reused += result.embeddings_reused
         self.errors.extend(result.errors)
+        self.skipped += len(result.left)
 
     def to_dict(self, collection_id: str) -> dict[str, Any]:
         """A summary."""
@@ -98,6 +101,7 @@ class IngestTotals:
             "chunks": self.chunks,
             "embeddings_reused": self.embeddings_reused,
             "errors": self.errors,
+            "skipped": self.skipped,
         }
 
 
@@ -118,22 +122,27 @@ class Ingestor:
         self.technique_indexes = technique_indexes or []
         # INDEX_BUILD=background: the builder's indexes are built after the commit, not in the transaction.
         self.builder = builder
-        # rag_colbert's index runs the model over every chunk anyway; its pass gives the dense vectors too
-        # (when that index is built here, inside the ingest).
-        self._encoding_source = next(
-            (i for i in self.inline_indexes if isinstance(i, ChunkEncodingSource)), None
-        )
-        # NODERAG_LEAF_VECTORS=pooled: rag_noderag's sentence vectors come from the same pass, its hidden
-        # states pooled over each sentence (off by default: 0.008 lower on a SciFact test subset).
-        pooling = settings.noderag_leaf_vectors == "pooled"
-        spans = (i for i in self.inline_indexes if isinstance(i, SpanPooling))
-        self._span_pooling = next(spans, None) if pooling else None
 
     @property
     def inline_indexes(self) -> list[TechniqueIndex]:
         """The technique indexes built inside the ingest's transaction (all, without a background builder)."""
         builder = self.builder
         return [i for i in self.technique_indexes if builder is None or not builder.builds(i)]
+
+    def _shared_pass(
+        self, indexes: list[TechniqueIndex]
+    ) -> tuple[ChunkEncodingSource | None, SpanPooling | None]:
+        """The index whose forward pass over the chunks also gives their vectors, and the one pooling it.
+
+        rag_colbert's index runs the model over every chunk anyway; its pass gives the dense vectors too
+        (when that index is built here, inside the ingest). NODERAG_LEAF_VECTORS=pooled: rag_noderag's
+        sentence vectors come from the same pass, its hidden states pooled over each sentence (off by
+        default: 0.008 lower on a SciFact test subset).
+        """
+        source = next((i for i in indexes if isinstance(i, ChunkEncodingSource)), None)
+        pooling = self.settings.noderag_leaf_vectors == "pooled"
+        spans = next((i for i in indexes if isinstance(i, SpanPooling)), None)
+        return source, spans if pooling else None
 
     def ingest(
         self,
@@ -142,17 +151,25 @@ class Ingestor:
         *,
         chunk_size: int | None = None,
         chunk_overlap: int | None = None,
+        only_if: Callable[[str], bool] | None = None,
+        every_index: bool = False,
     ) -> IngestResult:
         """Ingest a batch in one store transaction; returns ids written and per-document errors.
 
         A new collection comes into being in that transaction too. The request's cancellation is checked
         between encode slices and stages and before the commit: a cancelled ingest stores nothing. With a
         background builder, its indexes are queued once the commit is done (result.indexes_building).
+
+        `only_if`: asked of each document's id inside the commit's transaction, once it has waited for the
+        collection's other writers (DocumentStore.collection_transaction); a document it refuses is left
+        as stored (result.left). `every_index`: the background builder's indexes are built in the
+        transaction too, so a replaced document's old rows answer until its new ones are in (a reindex).
         """
+        ingest = Ingest(chunk_size, chunk_overlap, only_if, every_index)
         if self.builder is None:
-            return self._ingest(collection_id, documents, chunk_size, chunk_overlap)
+            return self._ingest(collection_id, documents, ingest)
         with self.builder.core_ingest():  # the background builder waits for the core to be done
-            return self._ingest(collection_id, documents, chunk_size, chunk_overlap)
+            return self._ingest(collection_id, documents, ingest)
 
     def chunking(self, chunk_size: int | None, chunk_overlap: int | None) -> tuple[int, int]:
         """The chunk size and overlap a call asks for (None: the settings'), refused out of their range."""
@@ -168,24 +185,16 @@ class Ingestor:
             raise InvalidParametersError(msg)
         return size, overlap
 
-    def _ingest(
-        self,
-        collection_id: str,
-        documents: Iterable[SourceDocument],
-        chunk_size: int | None,
-        chunk_overlap: int | None,
-    ) -> IngestResult:
-        started = time.perf_counter()
-        size, overlap = self.chunking(chunk_size, chunk_overlap)
-        check_collection_id(collection_id)
-        collection = self.store.get_collection(collection_id)
-        new_collection = None
-        if collection is not None:
-            check_embedding_model(collection, self.settings.embedding_model_id)
-        else:
-            new_collection = NewCollection(self.settings.embedding_model_id, self.embedder.dimension)
-        result = IngestResult(collection_id)
-        accepted: list[tuple[str, SourceDocument, list[Any]]] = []
+    def screen(
+        self, documents: Iterable[SourceDocument]
+    ) -> tuple[list[tuple[str, SourceDocument]], list[dict[str, Any]]]:
+        """The documents an ingest accepts, with their stored ids, and the errors of those it refuses.
+
+        NUL characters are dropped first; an error's index is the document's place. One check for an
+        ingest and for what `iris-rag sync --dry-run` says an ingest would do.
+        """
+        accepted: list[tuple[str, SourceDocument]] = []
+        errors: list[dict[str, Any]] = []
         seen: set[str] = set()
         for position, read in enumerate(documents):
             document = replace(
@@ -198,10 +207,29 @@ class Ingestor:
             problem = self._problem(doc_id, document, seen)
             if problem is not None:
                 code, message = problem
-                result.errors.append({"index": position, "id": document.id, "code": code, "message": message})
+                errors.append({"index": position, "id": document.id, "code": code, "message": message})
                 continue
             seen.add(doc_id)
-            accepted.append((doc_id, document, chunk_text(document.content, size=size, overlap=overlap)))
+            accepted.append((doc_id, document))
+        return accepted, errors
+
+    def _ingest(
+        self, collection_id: str, documents: Iterable[SourceDocument], ingest: Ingest
+    ) -> IngestResult:
+        started = time.perf_counter()
+        size, overlap = self.chunking(ingest.chunk_size, ingest.chunk_overlap)
+        check_collection_id(collection_id)
+        collection = self.store.get_collection(collection_id)
+        new_collection = None
+        if collection is not None:
+            check_embedding_model(collection, self.settings.embedding_model_id)
+        else:
+            new_collection = NewCollection(self.settings.embedding_model_id, self.embedder.dimension)
+        result = IngestResult(collection_id)
+        screened, result.errors = self.screen(documents)
+        accepted = [(i, d, chunk_text(d.content, size=size, overlap=overlap)) for i, d in screened]
+        indexes = self.technique_indexes if ingest.every_index else self.inline_indexes
+        encoding_source, span_pooling = self._shared_pass(indexes)
 
         check_cancelled()
         texts = [embedding_text(doc.title, span.text) for _, doc, spans in accepted for span in spans]
@@ -211,18 +239,18 @@ class Ingestor:
             for _ in spans
         ]
         shared = None
-        if self._encoding_source and texts:
+        if encoding_source and texts:
             progress.stage(f"encoding {len(texts)} chunks with token vectors")
             pooling = None
-            if self._span_pooling is not None:
+            if span_pooling is not None:
                 pooling = [
                     chunk_spans
                     for _, doc, doc_chunks in accepted
-                    for chunk_spans in self._span_pooling.pooling_spans(
+                    for chunk_spans in span_pooling.pooling_spans(
                         doc.title, doc.content, [(c.start, c.end) for c in doc_chunks]
                     )
                 ]
-            shared = self._encoding_source.encode_chunks(texts, pooling)
+            shared = encoding_source.encode_chunks(texts, pooling)
         progress.stage(f"embedding {len(texts)} chunks of {len(accepted)} documents")
         # A key restricted to some collections reuses only its collection's vectors: a shared hit (and its
         # time saved) would tell it that a collection it cannot see holds the same text.
@@ -247,18 +275,28 @@ class Ingestor:
             inputs.append(DocumentInput(doc_id, doc.title, doc.content, dict(doc.metadata), chunks))
         # Technique indexes do their heavy work here, outside the store's transaction.
         prepared: dict[str, Any] = {}
-        for index in self.inline_indexes:
+        for index in indexes:
             check_cancelled()
             progress.stage(f"building the {index.name} index")
             prepared[index.name] = index.prepare(collection_id, inputs)
         check_cancelled()
         progress.stage("committing")
-        if inputs:
-            result.chunks_created = self.store.upsert_documents(
-                collection_id, inputs, prepared, new_collection=new_collection
-            )
+        if ingest.only_if is None:
+            if inputs:
+                result.chunks_created = self.store.upsert_documents(
+                    collection_id, inputs, prepared, new_collection=new_collection
+                )
+        elif inputs:
+            with self.store.collection_transaction(collection_id):
+                kept = {d.id for d in inputs if ingest.only_if(d.id)}
+                result.left = [d.id for d in inputs if d.id not in kept]
+                inputs = [d for d in inputs if d.id in kept]
+                if inputs:  # an index's write takes the prepared rows of these documents only
+                    result.chunks_created = self.store.upsert_documents(
+                        collection_id, inputs, prepared, new_collection=new_collection
+                    )
         result.document_ids = [d.id for d in inputs]
-        if self.builder is not None and inputs:
+        if self.builder is not None and inputs and not ingest.every_index:
             self.builder.submit(collection_id, result.document_ids)
             result.indexes_building = sorted(self.builder.indexes)
         result.time_ms = (time.perf_counter() - started) * 1000
@@ -328,6 +366,16 @@ class Ingestor:
                 f"{self.settings.max_document_chars}",
             )
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Ingest:
+    """How one ingest call writes (Ingestor.ingest's options)."""
+
+    chunk_size: int | None
+    chunk_overlap: int | None
+    only_if: Callable[[str], bool] | None
+    every_index: bool
 
 
 def stored_id(document: SourceDocument) -> str:

@@ -132,7 +132,7 @@ def find_files(
     confine: Callable[[Path], bool] | None = None,
     report_empty: bool = False,
 ) -> Iterator[SourceFile | SourceError]:
-    """The supported files at path: the file itself, or those under the folder in path order.
+    """The supported files at path: the file itself, or those under the folder in path order, not hidden.
 
     `root` (default: the folder, or a file's own folder) is what source paths are relative to. `confine`,
     when given, says whether a resolved path may be read: a symlink leading elsewhere is reported, not
@@ -151,8 +151,11 @@ def find_files(
             found.append((folder, UnreadableFolder(shown(folder), message, path=folder)))
 
         for folder, subfolders, names in os.walk(path, onerror=unlisted):
+            # Hidden entries (.git, .cache, an editor's .notes.md) are left out, as ripgrep and most
+            # indexers do; the path given is read even when it is one.
+            subfolders[:] = [name for name in subfolders if not name.startswith(".")]
             entries = [(Path(folder) / name, False) for name in subfolders]
-            entries += [(Path(folder) / name, True) for name in names]
+            entries += [(Path(folder) / name, True) for name in names if not name.startswith(".")]
             for entry, is_file in entries:
                 if entry.is_symlink() and confine is not None and not confine(entry.resolve()):
                     found.append((entry, SourceError(shown(entry), _ESCAPING_LINK)))

@@ -4,15 +4,19 @@ Files are told apart by their path relative to the folder (`source_path`) and co
 (`sha256`), both stored in each document's metadata at ingest. Only documents whose `source_root` is this
 folder are looked at, so documents ingested as text or from another folder are never touched.
 
-Nothing is deleted that sync could not see: the documents of a file it could not read or parse whole, or
-under a folder it could not list, stay as they are. A record id held by two files of the folder stays with
+Each write and delete checks again, in its transaction, that the document is still this folder's (and, to
+delete it, at the hash read): one another writer stored meanwhile stays. Nothing is deleted that sync could
+not see: the documents of a file it could not read or parse whole, or under a folder it could not list,
+stay as they are. A record id held by two files of the folder stays with
 the file that has it (or, new, with the first in path order); the other is reported on every sync.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +33,7 @@ from iris_rag.ingestion.loaders import (
     parse_file,
     read_regular_file,
 )
-from iris_rag.stores.base import DocumentStore
+from iris_rag.stores.base import DocumentStore, StoredDocument
 from iris_rag.stores.filters import Condition, MetadataFilter
 
 BATCH = 256
@@ -138,34 +142,32 @@ def sync_folder(
         before = file.stored.documents if file.stored else {}
         file.writes = [d for d in kept if before.get(stored_id(d)) != d.metadata.get("sha256")]
 
-    stale: list[str] = []  # documents to delete: their file is gone, or no longer holds them
-    stale_in: set[str] = set()  # the files they were read from
+    stale: dict[str, str | None] = {}  # documents to delete (their file is gone, or no longer holds them)
+    stale_in: dict[str, str] = {}  # with the hash each was read at, and the file each was read from
     found = {file.relative for file in present}
     for relative, file_stored in stored.items():
         if _under(relative, unseen):
             continue  # it, or a folder above it, could not be read: not gone
-        if relative not in found:
-            report.deleted += 1
-        for document_id in file_stored.documents:
+        for document_id, sha256 in file_stored.documents.items():
             if document_id not in owners:
-                stale.append(document_id)
-                stale_in.add(relative)
-    report.documents_deleted = len(stale)
-    if not dry_run:
-        # An id that moved to another file (a record from one .jsonl to another) is written again there.
-        _ingest(ingestor, collection_id, present, errors)
-        with store.transaction():
-            for document_id in stale:
-                check_cancelled()
-                store.delete_document(collection_id, document_id)
+                stale[document_id] = sha256
+                stale_in[document_id] = relative
+    # An id that moved to another file (a record from one .jsonl to another) is written again there.
+    _ingest(ingestor, collection_id, root, present, errors, dry_run=dry_run)
+    deleted = stale if dry_run else _delete(store, collection_id, root, stale)
+    report.documents_deleted = len(deleted)
+    # A gone file whose documents another writer deleted or replaced first was not deleted by this sync.
+    gone = [r for r in stored if r not in found and not _under(r, unseen)]
+    left = {stale_in[d] for d in stale} - {stale_in[d] for d in deleted}
+    report.deleted = len([r for r in gone if r not in left])
     for file in present:
         if file.held:
             continue  # an error (reported): neither added, updated nor unchanged
-        if file.documents is None or not (file.writes or file.relative in stale_in):
+        if file.documents is None or not (file.writes or file.relative in stale_in.values()):
             if file.stored is None and file.dropped:
                 continue  # every document of it left out (reported): nothing of it is stored
             report.unchanged += 1
-        elif file.writes and file.failed == len(file.writes) and file.relative not in stale_in:
+        elif file.writes and file.failed == len(file.writes) and file.relative not in stale_in.values():
             continue  # every document of it refused (reported): neither added nor updated
         elif file.stored is None:
             report.added += 1
@@ -295,29 +297,94 @@ def _not_held_elsewhere(
         if held is None:
             kept.append(document)
             continue
-        owner = held.metadata.get("source_root")
-        where = f"from the folder {owner}" if isinstance(owner, str) else "not read from a folder"
-        message = (
-            f"document id {document.id!r} is already in {collection_id!r}, {where}; left as it is "
-            f"(sync replaces only documents it read from {root})"
-        )
-        errors.append((place, SourceError(file.relative, message)))
+        errors.append((place, SourceError(file.relative, _held_message(collection_id, root, held))))
         file.dropped += 1
     return kept
 
 
-def _ingest(
-    ingestor: Ingestor, collection_id: str, present: list[_Present], errors: list[tuple[int, SourceError]]
-) -> None:
-    """Ingest the files' writes in batches.
+def _held_elsewhere(store: DocumentStore, collection_id: str, root: Path, document_id: str) -> str:
+    """Why a document the ingest left as it was (written meanwhile by someone else) was not synced."""
+    held = store.get_document(collection_id, document_id)
+    if held is None:  # deleted again since
+        return f"document id {document_id!r} was written by someone else during this sync; left as it is"
+    return _held_message(collection_id, root, held)
 
-    A document the ingestor refuses (empty text, say) is an error of its file.
+
+def _held_message(collection_id: str, root: Path, held: StoredDocument) -> str:
+    """Why a file's document was not synced: its id holds a document from elsewhere, and what to do.
+
+    A folder that moved (renamed) is another folder to sync: its old documents hold every id, on every
+    sync, until they are deleted; the message names the command that deletes them.
+    """
+    owner = held.metadata.get("source_root")
+    where = f"from the folder {owner}" if isinstance(owner, str) else "not read from a folder"
+    message = (
+        f"document id {held.id!r} is already in {collection_id!r}, {where}; left as it is "
+        f"(sync replaces only documents it read from {root})"
+    )
+    if not isinstance(owner, str):
+        return message
+    source_filter = shlex.quote(json.dumps({"source_root": owner}, ensure_ascii=False))
+    return (
+        f"{message}; if that folder moved here, delete its documents first: iris-rag delete "
+        f"--collection {shlex.quote(collection_id)} --filter {source_filter}"
+    )
+
+
+def _ingest(
+    ingestor: Ingestor,
+    collection_id: str,
+    root: Path,
+    present: list[_Present],
+    errors: list[tuple[int, SourceError]],
+    *,
+    dry_run: bool,
+) -> None:
+    """Ingest the files' writes in batches; dry: only check them, as the ingest does.
+
+    A document the ingestor refuses (empty text, say) is an error of its file, and so is one that another
+    writer stored meanwhile under its id, not from this folder (sent as text): it is left as it is.
     """
     owners = [(place, file) for place, file in enumerate(present) for _ in file.writes]
     documents = [document for file in present for document in file.writes]
+    store = ingestor.store
+
+    def ours(document_id: str) -> bool:
+        held = store.get_document(collection_id, document_id)
+        return held is None or held.metadata.get("source_root") == str(root)
+
     for start in range(0, len(documents), BATCH):
-        result = ingestor.ingest(collection_id, documents[start : start + BATCH])
-        for error in result.errors:
-            place, file = owners[start + error["index"]]
+        batch = documents[start : start + BATCH]
+        if dry_run:
+            refused, left = ingestor.screen(batch)[1], []
+        else:
+            result = ingestor.ingest(collection_id, batch, only_if=ours)
+            refused, left = result.errors, result.left
+        problems = [(error["index"], f"{error['code']}: {error['message']}") for error in refused]
+        position = {stored_id(document): i for i, document in enumerate(batch)}
+        problems += [(position[d], _held_elsewhere(store, collection_id, root, d)) for d in left]
+        for index, message in problems:
+            place, file = owners[start + index]
             file.failed += 1
-            errors.append((place, SourceError(file.relative, f"{error['code']}: {error['message']}")))
+            errors.append((place, SourceError(file.relative, message)))
+
+
+def _delete(store: DocumentStore, collection_id: str, root: Path, stale: dict[str, str | None]) -> list[str]:
+    """Delete the documents still as this sync read them (from this folder, at that hash); those deleted.
+
+    Checked in the delete's transaction, once the collection's other writers are done: a document written
+    meanwhile under such an id (sent as text, another sync's newer file) stays, and one another sync
+    deleted first is not counted twice.
+    """
+    deleted = []
+    with store.collection_transaction(collection_id):
+        for document_id, sha256 in stale.items():
+            check_cancelled()
+            held = store.get_document(collection_id, document_id)
+            if held is None or held.metadata.get("source_root") != str(root):
+                continue
+            if held.metadata.get("sha256") != sha256:
+                continue
+            if store.delete_document(collection_id, document_id):
+                deleted.append(document_id)
+    return deleted

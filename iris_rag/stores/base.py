@@ -263,6 +263,13 @@ class Documents(Protocol):
         whose rows the block writes, read when the block ends (so the block may narrow the list).
         """
 
+    def collection_transaction(self, collection_id: str) -> AbstractContextManager[object]:
+        """A write transaction that first waits for the collection's other writers (as index_transaction).
+
+        A document read inside is the one the block's writes (upserts, deletes, joining it) replace: a
+        writer that must find documents as it read them earlier (reindex, sync) checks them here.
+        """
+
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document, its chunks and its cached vectors; False if it was absent."""
 

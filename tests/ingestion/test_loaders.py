@@ -225,6 +225,19 @@ def test_an_unreadable_folder_is_reported(
     assert isinstance(errors[0], UnreadableFolder) and errors[0].path == tmp_path / "team"
 
 
+def test_hidden_files_and_folders_are_left_out_of_a_walk_but_read_when_named(tmp_path: Path) -> None:
+    (tmp_path / "seen.md").write_text("Seen, about the kob.", encoding="utf-8")
+    (tmp_path / ".hidden.md").write_text("Hidden, about the lechwe.", encoding="utf-8")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "notes.txt").write_text("Version control, about the sitatunga.", encoding="utf-8")
+    found = [i.relative for i in find_files(tmp_path) if isinstance(i, SourceFile)]
+    assert found == ["seen.md"]
+    named = [i.relative for i in find_files(tmp_path / ".hidden.md") if isinstance(i, SourceFile)]
+    assert named == [".hidden.md"]
+    walked = [i.relative for i in find_files(tmp_path / ".git") if isinstance(i, SourceFile)]
+    assert walked == ["notes.txt"]
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None,
     reason="runs as root with setpriv only (without root, the test above uses a real chmod 0)",

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import shlex
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from iris_rag import cli
+from iris_rag.embedder import Embedder
 from iris_rag.ingestion import sync
+from iris_rag.ingestion.ingestor import IngestResult
+from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.ingestion.sync import SyncReport, sync_folder
 from iris_rag.service import RagService
 from tests.ingestion.make_files import write_pdf
@@ -317,3 +323,115 @@ def test_a_file_name_that_is_not_utf8_is_reported_and_the_rest_synced(
     assert _counts(report) == (4, 0, 0, 0, 1)
     assert report.errors[0].message == "file name is not valid UTF-8; rename it"
     assert len(_ids(any_service)) == 5
+
+
+@pytest.fixture
+def other(any_service: RagService, embedder: Embedder) -> Iterator[RagService]:
+    """Another process's service on the same store."""
+    rag = RagService(any_service.settings, embedder=embedder)
+    yield rag
+    rag.close()
+
+
+def _before_each_write(service: RagService, act: Callable[[], object]) -> None:
+    """Run `act` inside each of the service's ingests: after the sync has read the folder and the store."""
+    ingest = service.ingestor.ingest
+
+    def ingest_after(collection_id: str, documents: Iterable[SourceDocument], **options: Any) -> IngestResult:
+        documents = list(documents)
+        act()
+        return ingest(collection_id, documents, **options)
+
+    service.ingestor.ingest = ingest_after  # type: ignore[method-assign]
+
+
+def test_a_document_sent_as_text_meanwhile_under_a_gone_files_id_is_not_deleted(
+    any_service: RagService, other: RagService, folder: Path
+) -> None:
+    _sync(any_service, folder)
+    (folder / "sub" / "b.txt").unlink()
+    (folder / "a.md").write_text("# A\n\nAnts farm aphids.", encoding="utf-8")
+    typed = {"collection_id": "notes", "documents": [{"id": "sub/b.txt", "content": "Typed by a client."}]}
+    _before_each_write(any_service, lambda: other.ingest(typed))
+    report = _sync(any_service, folder)
+    assert (_counts(report), report.documents_deleted) == ((0, 1, 2, 0, 0), 0)
+    assert _content(any_service, "sub/b.txt") == "Typed by a client."
+
+
+def test_a_document_sent_as_text_meanwhile_under_a_new_files_id_is_not_replaced(
+    any_service: RagService, other: RagService, folder: Path
+) -> None:
+    _sync(any_service, folder)
+    (folder / "d.txt").write_text("Dogs were domesticated long ago.", encoding="utf-8")
+    typed = {"collection_id": "notes", "documents": [{"id": "d.txt", "content": "Typed by a client."}]}
+    _before_each_write(any_service, lambda: other.ingest(typed))
+    report = _sync(any_service, folder)
+    assert _counts(report) == (0, 0, 4, 0, 1)
+    assert report.errors[0].message.startswith(
+        "document id 'd.txt' is already in 'notes', not read from a folder; left as it is"
+    )
+    assert _content(any_service, "d.txt") == "Typed by a client."
+
+
+def test_two_syncs_at_once_count_only_what_each_deleted(
+    any_service: RagService, other: RagService, folder: Path
+) -> None:
+    _sync(any_service, folder)
+    (folder / "sub" / "b.txt").unlink()
+    (folder / "a.md").write_text("# A\n\nAnts farm aphids.", encoding="utf-8")
+    first: list[SyncReport] = []
+    _before_each_write(any_service, lambda: first.append(_sync(other, folder)))
+    second = _sync(any_service, folder)
+    assert (_counts(first[0]), first[0].documents_deleted) == ((0, 1, 2, 1, 0), 1)
+    assert (_counts(second), second.documents_deleted) == ((0, 1, 2, 0, 0), 0)
+    assert _ids(any_service) == ["a.md", "c.pdf", "r1", "r2"]
+
+
+def test_the_dry_run_refuses_what_the_ingest_refuses(any_service: RagService, tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "good.txt").write_text("Good file.", encoding="utf-8")
+    (docs / "empty.txt").write_text("", encoding="utf-8")
+    (docs / "fm.md").write_text("---\ntitle: Only front matter\n---\n", encoding="utf-8")
+    (docs / "rows.jsonl").write_text('{"_id": "x", "text": "  "}\n', encoding="utf-8")
+    expected = [(1, 0, 0, 0, 3), (1, 0, 0, 0, 3), (0, 0, 1, 0, 3)]  # dry, real, dry again
+    for dry_run, counts in zip((True, False, True), expected, strict=True):
+        report = _sync(any_service, docs, dry_run=dry_run)
+        assert _counts(report) == counts, dry_run
+        assert sorted(Path(e.location).name for e in report.errors) == ["empty.txt", "fm.md", "rows.jsonl"]
+    assert _ids(any_service) == ["good.txt"]
+
+
+def test_a_moved_folder_is_told_how_to_sync_into_the_same_collection(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_TECHNIQUES", "basic")
+    assert cli.main(["sync", str(folder), "--collection", "notes"]) == 0
+    moved = folder.rename(tmp_path / "moved")
+    capsys.readouterr()
+    assert cli.main(["sync", str(moved), "--collection", "notes"]) == 1
+    command = f'iris-rag delete --collection notes --filter \'{{"source_root": "{folder}"}}\''
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 5
+    assert all(
+        line.endswith(f"if that folder moved here, delete its documents first: {command}") for line in errors
+    )
+    assert cli.main(["delete", *shlex.split(command)[2:]]) == 0
+    capsys.readouterr()
+    assert cli.main(["sync", str(moved), "--collection", "notes"]) == 0
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith("4 added, 0 updated, 0 unchanged, 0 deleted, 0 errors; 0 documents deleted")
+    )
+
+
+def test_hidden_files_and_folders_are_not_synced(any_service: RagService, folder: Path) -> None:
+    (folder / ".git").mkdir()
+    (folder / ".git" / "notes.md").write_text("A file of the version control.", encoding="utf-8")
+    (folder / ".hidden.md").write_text("An editor's hidden file.", encoding="utf-8")
+    (folder / "sub" / ".cache").mkdir()
+    (folder / "sub" / ".cache" / "c.txt").write_text("Cached.", encoding="utf-8")
+    assert _counts(_sync(any_service, folder)) == (4, 0, 0, 0, 0)
+    assert _ids(any_service) == ["a.md", "c.pdf", "r1", "r2", "sub/b.txt"]

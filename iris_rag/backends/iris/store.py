@@ -640,14 +640,20 @@ class IrisStore:
         return deleted > 0
 
     @contextmanager
+    def collection_transaction(self, collection_id: str) -> Iterator[None]:
+        """A transaction serialized with the collection's writers by the lock of its row."""
+        with self.transaction():
+            self._lock_collection(collection_id)
+            yield
+
+    @contextmanager
     def index_transaction(self, collection_id: str, document_ids: list[str]) -> Iterator[None]:
         """A transaction for technique rows built after the documents' commit.
 
-        The collection row's lock serializes it with the collection's writers; the data version moves on
+        Serialized with the collection's writers (collection_transaction); the data version moves on
         when rows were written.
         """
-        with self.transaction():
-            self._lock_collection(collection_id)
+        with self.collection_transaction(collection_id):
             yield
             if document_ids:
                 self._bump_version(collection_id, document_ids)

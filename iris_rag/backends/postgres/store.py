@@ -792,16 +792,22 @@ class PostgresStore:
         return deleted > 0
 
     @contextmanager
-    def index_transaction(self, collection_id: str, document_ids: list[str]) -> Iterator[Connection[Row]]:
-        """A transaction for technique rows built after the documents' commit.
-
-        Serialized with the collection's writers by its keyword totals row, which they lock too; the
-        documents' no-op update moves the data version on (the trigger).
-        """
+    def collection_transaction(self, collection_id: str) -> Iterator[Connection[Row]]:
+        """A transaction serialized with the collection's writers by its keyword totals row (they lock it)."""
         with self.transaction() as connection:
             connection.execute(
                 "SELECT 1 FROM keyword_totals WHERE collection_id = %s FOR UPDATE", (collection_id,)
             )
+            yield connection
+
+    @contextmanager
+    def index_transaction(self, collection_id: str, document_ids: list[str]) -> Iterator[Connection[Row]]:
+        """A transaction for technique rows built after the documents' commit.
+
+        Serialized with the collection's writers (collection_transaction); the documents' no-op update
+        moves the data version on (the trigger).
+        """
+        with self.collection_transaction(collection_id) as connection:
             yield connection
             connection.execute(
                 "UPDATE documents SET updated_at = updated_at WHERE collection_id = %s AND id = ANY(%s)",

@@ -872,6 +872,12 @@ class SqliteStore:
         return deleted > 0
 
     @contextmanager
+    def collection_transaction(self, collection_id: str) -> Iterator[None]:
+        """A write transaction: the writer lock (BEGIN IMMEDIATE) already waits for every other writer."""
+        with self.write_transaction():
+            yield
+
+    @contextmanager
     def index_transaction(self, collection_id: str, document_ids: list[str]) -> Iterator[None]:
         """A write transaction for technique rows built after the documents' commit.
 

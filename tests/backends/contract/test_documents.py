@@ -311,3 +311,31 @@ def test_index_transaction_moves_the_version_and_waits_for_the_collections_write
     writer.join(30)
     assert order == ["index", "upsert"]
     assert index.rows == {}  # the replace, once it ran, took the document's rows
+
+
+def test_collection_transaction_waits_for_the_collections_writers_and_holds_theirs(
+    store: DocumentStore,
+) -> None:
+    """What a writer checks inside it (reindex, sync) is still so when its own writes, inside too, commit."""
+    new_collection(store)
+    store.upsert_documents("c", [document("a", ["alpha one"])])
+    entered, order = threading.Event(), []
+
+    def replace() -> None:
+        entered.wait(10)
+        store.upsert_documents("c", [document("a", ["alpha replaced"])])
+        order.append("upsert")
+
+    writer = threading.Thread(target=replace)
+    writer.start()
+    with store.collection_transaction("c"):
+        entered.set()
+        time.sleep(0.5)
+        held = store.get_document("c", "a")
+        assert held is not None and held.content == "alpha one"
+        assert store.delete_document("c", "a")  # joins the block's transaction
+        order.append("checked")
+    writer.join(30)
+    assert order == ["checked", "upsert"]
+    replaced = store.get_document("c", "a")
+    assert replaced is not None and replaced.content == "alpha replaced"
