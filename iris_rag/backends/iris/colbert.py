@@ -135,9 +135,10 @@ class IrisTokenVectors:
 
         Word-piece ids count 2 bytes each, as they are stored for a vocabulary under 65,536.
         """
+        # %EXACT: the pairs counted as written, whatever collation the concatenation takes.
         row = self._store.rows(
-            f"""SELECT COUNT(*), COUNT(DISTINCT collection_id || '/' || document_id), SUM(token_count),
-                       SUM(token_count * dimension + token_count * 2 + 8)
+            f"""SELECT COUNT(*), COUNT(DISTINCT %EXACT(collection_id || '/' || document_id)),
+                       SUM(token_count), SUM(token_count * dimension + token_count * 2 + 8)
                 FROM {SCHEMA}.ColbertTokens"""
         )[0]
         return TokenTotals(int(row[0]), int(row[1]), int(row[2] or 0), int(row[3] or 0))

@@ -5,6 +5,12 @@ and the working schema of intersystems-community/iris-vector-rag; not yet run ag
 (README, "Stores"). Column names carry a prefix where a plain one (title, content, key, type, level...)
 might be an IRIS SQL reserved word. Every statement is a constant or built only from integers and the
 identifiers below: values always travel as `?` parameters.
+
+Steps 1 to 5 are kept as they ran: their string columns took IRIS's default collation, SQLUPPER, under which
+`=`, IN, keys, GROUP BY and DISTINCT ignore case and trailing spaces ('README.md' and 'readme.md' one
+document). Step 6 sets EXACT on every column an id, a term or a name lives in (GSQL_collation_tabledef and
+RSQL_altertable: ALTER TABLE ... ALTER COLUMN ... COLLATE, after which the table's indexes must be built
+again); tables made later declare it.
 """
 
 from __future__ import annotations
@@ -24,15 +30,51 @@ def vector_table(dimension: int) -> str:
     return f"{SCHEMA}.Vectors{dimension}"
 
 
+# Each table's columns compared as written (COLLATE EXACT): ids, terms, model and tool names.
+EXACT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "Collections": ("id", "embedding_model"),
+    "Documents": ("collection_id", "doc_id"),
+    "Chunks": ("collection_id", "chunk_id", "document_id"),
+    "Postings": ("collection_id", "term"),
+    "Versions": ("collection_id",),
+    "EmbeddingCache": ("model_name", "collection_id", "document_id"),
+    "Calls": ("tool", "technique", "error_code", "principal"),
+    "ColbertTokens": ("collection_id", "chunk_id", "document_id"),
+    "ColbertFrequencies": ("collection_id",),
+    "NodeTreeDocuments": ("collection_id", "document_id"),
+    "NodeTreeNodes": ("collection_id", "document_id", "node_kind"),
+    "Changes": ("collection_id", "document_id"),
+}
+VECTOR_EXACT_COLUMNS = ("collection_id", "chunk_id", "document_id")
+EXACT_COLLATION_STEP = 6
+
+
+def collection_spelling(table: str) -> str:
+    """Each row's collection_id as its collection's own row spells it (run while both are still SQLUPPER).
+
+    Under SQLUPPER a write to 'notes' reached the collection 'Notes'; under EXACT the two would part.
+    """
+    return (
+        f"UPDATE {table} SET collection_id = (SELECT c.id FROM {SCHEMA}.Collections c "
+        f"WHERE c.id = {table}.collection_id) WHERE collection_id IN (SELECT id FROM {SCHEMA}.Collections)"
+    )
+
+
+def exact_collation(table: str, columns: tuple[str, ...]) -> list[str]:
+    """Set EXACT on a table's columns, then build its indexes again (their subscripts were upper-cased)."""
+    altered = [f"ALTER TABLE {table} ALTER COLUMN {column} COLLATE EXACT" for column in columns]
+    return [*altered, f"BUILD INDEX FOR TABLE {table}"]
+
+
 def vector_table_ddl(dimension: int) -> list[str]:
     """The vector table of a dimension with its HNSW index (cosine), as IRIS SQL."""
     table = vector_table(dimension)
     return [
         f"""CREATE TABLE {table} (
-    collection_id VARCHAR(512) NOT NULL,
+    collection_id VARCHAR(512) COLLATE EXACT NOT NULL,
     chunk_row     BIGINT NOT NULL,
-    chunk_id      VARCHAR(1200) NOT NULL,
-    document_id   VARCHAR(1024) NOT NULL,
+    chunk_id      VARCHAR(1200) COLLATE EXACT NOT NULL,
+    document_id   VARCHAR(1024) COLLATE EXACT NOT NULL,
     raw_vector    VARBINARY({4 * int(dimension)}) NOT NULL,
     embedding     VECTOR(FLOAT, {int(dimension)}) NOT NULL,
     PRIMARY KEY (collection_id, chunk_row)
@@ -223,6 +265,22 @@ MIGRATIONS.append(
             f"ALTER TABLE {SCHEMA}.EmbeddingCache ADD document_id VARCHAR(1024)",
             f"ALTER TABLE {SCHEMA}.EmbeddingCache ADD source_hash VARBINARY(64)",
             f"CREATE INDEX EmbeddingCacheDocIdx ON {SCHEMA}.EmbeddingCache (collection_id, document_id)",
+        ],
+    )
+)
+
+MIGRATIONS.append(
+    (
+        EXACT_COLLATION_STEP,
+        "ids, terms and names compared as written (COLLATE EXACT), not upper-cased",
+        # The vector tables of every dimension too: the store adds their statements (they vary by store).
+        [
+            *(
+                collection_spelling(f"{SCHEMA}.{t}")
+                for t, columns in EXACT_COLUMNS.items()
+                if "collection_id" in columns
+            ),
+            *(s for t, columns in EXACT_COLUMNS.items() for s in exact_collation(f"{SCHEMA}.{t}", columns)),
         ],
     )
 )

@@ -33,14 +33,18 @@ from iris_rag.backends.common.call_log import covered_calls
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.iris.filters import matches
 from iris_rag.backends.iris.schema import (
+    EXACT_COLLATION_STEP,
     MIGRATIONS,
     MIGRATIONS_TABLE_DDL,
     SCHEMA,
+    VECTOR_EXACT_COLUMNS,
+    collection_spelling,
+    exact_collation,
     vector_table,
     vector_table_ddl,
 )
 from iris_rag.cancellation import check_cancelled
-from iris_rag.errors import DatabaseConnectionFailedError
+from iris_rag.errors import DatabaseConnectionFailedError, TimeoutExceededError
 from iris_rag.redaction import redact
 from iris_rag.stores.base import (
     CacheItem,
@@ -75,6 +79,17 @@ T = TypeVar("T")
 EXACT_SEARCH_MAX_CHUNKS = 2_000
 # Parameters per IN (...) list.
 BATCH = 500
+# Keyword terms longer than this (UTF-8 bytes) are neither indexed nor searched: a postings key is an index
+# subscript, and a global reference holds at most 511 encoded bytes (collection id and row number included).
+# The tokenizer leaves hex dumps and unpunctuated CJK runs whole; such a term never matches a query anyway.
+MAX_TERM_BYTES = 200
+# The driver's error text carries the SQLCODE: -110 and -114 are lock time-outs (LockTimeout, 10 s).
+_LOCK_TIMEOUT_CODES = ("<-110>", "<-114>")
+
+
+def _indexed(term: str) -> bool:
+    """Whether the keyword index holds this term (see MAX_TERM_BYTES)."""
+    return len(term.encode("utf-8")) <= MAX_TERM_BYTES
 
 
 def _now() -> str:
@@ -111,6 +126,10 @@ class IrisConnectionError(DatabaseConnectionFailedError):
     """The IRIS server could not be reached or refused the login (the message names where, never how)."""
 
 
+class IrisLockTimeoutError(TimeoutExceededError):
+    """Another process held a lock this statement waited for past IRIS's lock time-out: retry."""
+
+
 def connect(target: IrisTarget) -> Any:
     """A DB-API connection (autocommit off), or IrisConnectionError within the connect timeout."""
     # Reach the superserver port first, bounded: an unroutable host fails here in connect_timeout_s.
@@ -129,7 +148,7 @@ def connect(target: IrisTarget) -> Any:
         msg = "RAG_STORE=iris needs the InterSystems driver: pip install 'iris-rag[iris]'"
         raise IrisConnectionError(msg) from exc
     try:
-        return iris.connect(
+        connection = iris.connect(
             hostname=target.host,
             port=target.port,
             namespace=target.namespace,
@@ -145,6 +164,10 @@ def connect(target: IrisTarget) -> Any:
             "check IRIS_NAMESPACE, IRIS_USERNAME and IRIS_PASSWORD"
         )
         raise IrisConnectionError(redact(msg, [target.password])) from exc
+    # IRIS's default is READ UNCOMMITTED: a reader could cache the vectors and version of a write that is
+    # then rolled back. The setting lasts for the connection's process (RSQL_settransaction).
+    connection.cursor().execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", [])
+    return connection
 
 
 @dataclass(frozen=True)
@@ -219,7 +242,7 @@ class IrisStore:
             self._local.depth = 0
 
     def execute(self, statement: str, parameters: Sequence[Any] = ()) -> Any:
-        """Run one statement on the thread's connection; the cursor (for rows and rowcount)."""
+        """Run one statement on the thread's connection; the cursor (for its rows)."""
         connection = self.connection()
         cursor = connection.cursor()
         with self._lost_says(connection):
@@ -247,18 +270,26 @@ class IrisStore:
         """A failure of a connection that no longer answers a probe is IrisConnectionError (its cause kept).
 
         The driver's own errors do not tell a lost server from a bad statement; the probe does, and costs
-        a round trip only after a failure. The thread's next call outside a transaction connects anew.
+        a round trip only after a failure. The thread's next call outside a transaction connects anew. A
+        lock time-out is IrisLockTimeoutError (TIMEOUT_EXCEEDED: retry), not a bug's INTERNAL_ERROR.
         """
         try:
             yield
         except Exception as exc:
+            said = f"{type(exc).__name__}: {exc}"
+            if any(code in str(exc) for code in _LOCK_TIMEOUT_CODES):
+                msg = (
+                    f"IRIS lock time-out ({said}): another process held rows or a table this call needed "
+                    "for longer than the server's LockTimeout (10 s by default); retry. An ingest batch "
+                    "that writes past the SQL Lock Threshold locks whole tables (README, Stores)"
+                )
+                raise IrisLockTimeoutError(redact(msg, [self._target.password])) from exc
             if not self._local.lost:
                 try:
                     connection.cursor().execute("SELECT 1", [])
                 except Exception:
                     self._local.lost = True
             if self._local.lost:
-                said = f"{type(exc).__name__}: {exc}"
                 msg = f"the connection to IRIS at {self._target.describe()} was lost ({said})"
                 raise IrisConnectionError(redact(msg, [self._target.password])) from exc
             raise
@@ -284,23 +315,54 @@ class IrisStore:
         )
 
     def _migrate(self) -> None:
-        """Apply the schema's steps not yet recorded, each in a transaction, under a table lock."""
+        """Apply the schema's steps not yet recorded, in one transaction, under a table lock.
+
+        An explicit LOCK outlives COMMIT (it holds until UNLOCK or the process ends: RSQL_lock), so it is
+        released here; an UNLOCK without IMMEDIATE takes effect as the transaction ends, committed or rolled
+        back (RSQL_unlock).
+        """
         if not self._table_exists(f"{SCHEMA}.Migrations"):
             with self.transaction():
                 self.execute(MIGRATIONS_TABLE_DDL)
         with self.transaction():
             self.execute(f"LOCK TABLE {SCHEMA}.Migrations IN EXCLUSIVE MODE")
-            done = {int(row[0]) for row in self.rows(f"SELECT step FROM {SCHEMA}.Migrations")}
-            for step, description, statements in MIGRATIONS:
-                if step in done:
-                    continue
-                logger.info("IRIS schema step %d: %s", step, description)
-                for statement in statements:
-                    self.execute(statement)
-                self.execute(
-                    f"INSERT INTO {SCHEMA}.Migrations (step, description, applied_at) VALUES (?, ?, ?)",
-                    (step, description, _now()),
-                )
+            try:
+                done = {int(row[0]) for row in self.rows(f"SELECT step FROM {SCHEMA}.Migrations")}
+                for step, description, statements in MIGRATIONS:
+                    if step in done:
+                        continue
+                    logger.info("IRIS schema step %d: %s", step, description)
+                    for statement in self._with_vector_tables(step, statements):
+                        self.execute(statement)
+                    self.execute(
+                        f"INSERT INTO {SCHEMA}.Migrations (step, description, applied_at) VALUES (?, ?, ?)",
+                        (step, description, _now()),
+                    )
+            finally:
+                if not self._local.lost:  # a lost connection's process ended, and its locks with it
+                    self.execute(f"UNLOCK TABLE {SCHEMA}.Migrations IN EXCLUSIVE MODE")
+
+    def _with_vector_tables(self, step: int, statements: list[str]) -> list[str]:
+        """A step's statements, and for the EXACT collation step those of the vector tables there are.
+
+        Every spelling is set before the Collections table's id turns EXACT, while both still compare as
+        SQLUPPER.
+        """
+        if step != EXACT_COLLATION_STEP:
+            return statements
+        tables = [
+            f"{SCHEMA}.{row[0]}"
+            for row in self.rows(
+                "SELECT TABLE_NAME FROM INFORMATION_SCHEMA.TABLES "
+                "WHERE TABLE_SCHEMA = ? AND TABLE_NAME LIKE ?",
+                (SCHEMA, "Vectors%"),
+            )
+        ]
+        return [
+            *(collection_spelling(table) for table in tables),
+            *statements,
+            *(s for table in tables for s in exact_collation(table, VECTOR_EXACT_COLUMNS)),
+        ]
 
     def _ensure_vector_table(self, dimension: int) -> str:
         table = vector_table(dimension)
@@ -394,12 +456,13 @@ class IrisStore:
 
     def set_description(self, collection_id: str, description: str) -> CollectionInfo | None:
         """Set the collection's description; None if there is no such collection."""
+        # No rowcount: the driver's is not reliable (sqlalchemy-iris: supports_sane_rowcount False).
         with self.transaction():
-            updated = self.execute(
+            self.execute(
                 f"UPDATE {SCHEMA}.Collections SET description = ?, updated_at = ? WHERE id = ?",
                 (description, _now(), collection_id),
-            ).rowcount
-        return self.get_collection(collection_id) if updated else None
+            )
+        return self.get_collection(collection_id)
 
     # Documents
     def _lock_collection(self, collection_id: str) -> tuple[int, int] | None:
@@ -418,11 +481,12 @@ class IrisStore:
 
         The last CHANGE_LOG_VERSIONS versions' rows are kept (pruned every 1,000 versions).
         """
-        updated = self.execute(
-            f"UPDATE {SCHEMA}.Versions SET data_version = data_version + 1 WHERE collection_id = ?",
-            (collection_id,),
-        ).rowcount
-        if not updated:
+        if self.rows(f"SELECT 1 FROM {SCHEMA}.Versions WHERE collection_id = ?", (collection_id,)):
+            self.execute(
+                f"UPDATE {SCHEMA}.Versions SET data_version = data_version + 1 WHERE collection_id = ?",
+                (collection_id,),
+            )
+        else:
             self.execute(
                 f"INSERT INTO {SCHEMA}.Versions (collection_id, data_version) VALUES (?, 1)", (collection_id,)
             )
@@ -533,6 +597,7 @@ class IrisStore:
             postings += [
                 (collection_id, t, row, title_terms[t], content_terms[t], title_length, content_length)
                 for t in sorted(title_terms.keys() | content_terms.keys())
+                if _indexed(t)
             ]
             totals = [
                 totals[0] + 1,
@@ -621,11 +686,16 @@ class IrisStore:
                     -sum(int(r[3]) for r in removed),
                 ],
             )
-        deleted: int = self.execute(
-            f"DELETE FROM {SCHEMA}.Documents WHERE collection_id = ? AND doc_id = ?",
+        present = self.rows(
+            f"SELECT 1 FROM {SCHEMA}.Documents WHERE collection_id = ? AND doc_id = ?",
             (collection_id, document_id),
-        ).rowcount
-        return deleted
+        )
+        if present:
+            self.execute(
+                f"DELETE FROM {SCHEMA}.Documents WHERE collection_id = ? AND doc_id = ?",
+                (collection_id, document_id),
+            )
+        return len(present)
 
     def delete_document(self, collection_id: str, document_id: str) -> bool:
         """Delete a document and its chunks; False if it was absent."""
@@ -857,7 +927,7 @@ class IrisStore:
         metadata_filter: MetadataFilter | None = None,
     ) -> list[ScoredChunk]:
         """BM25 (k1 1.2, b 0.75) from the collection's own statistics, exactly as on Postgres (bm25.py)."""
-        stems = query_stems(query.terms)
+        stems = {t: weight for t, weight in query_stems(query.terms).items() if _indexed(t)}
         if not stems or top_k <= 0:
             return []
         totals_rows = self.rows(

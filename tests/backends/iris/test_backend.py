@@ -157,12 +157,12 @@ def test_the_schema_is_iris_sql_for_vectors_and_hnsw() -> None:
     with pytest.raises(ValueError, match="dimension"):
         schema.vector_table(0)
     statements = [s for _, _, step in schema.MIGRATIONS for s in step]
+    kinds = ("CREATE TABLE IrisRag.", "ALTER TABLE IrisRag.", "CREATE INDEX ", "CREATE UNIQUE INDEX ")
     assert all(
-        s.startswith(
-            ("CREATE TABLE IrisRag.", "ALTER TABLE IrisRag.", "CREATE INDEX ", "CREATE UNIQUE INDEX ")
-        )
-        for s in statements
+        s.startswith((*kinds, "UPDATE IrisRag.", "BUILD INDEX FOR TABLE IrisRag.")) for s in statements
     )
+    # Every id, term and name column compares as written once step 6 ran (SQLUPPER ignores case).
+    assert "collection_id VARCHAR(512) COLLATE EXACT NOT NULL" in ddl[0]
     assert all(";" not in s for s in statements)  # one statement per execute: the driver runs one
 
 
