@@ -2,7 +2,9 @@
 
 Files are told apart by their path relative to the folder (`source_path`) and compared by content hash
 (`sha256`), both stored in each document's metadata at ingest. Only documents whose `source_root` is this
-folder are looked at, so documents ingested as text or from another folder are never touched.
+folder are looked at, so documents ingested as text or from another folder are never touched. Releases
+before source_root existed stored only `source`; such a document whose `source` is the file sync finds at
+its id (or, a record, whose file holds its id) is taken as this folder's and rewritten with its provenance.
 
 Each write and delete checks again, in its transaction, that the document is still this folder's (and, to
 delete it, at the hash read): one another writer stored meanwhile stays. Nothing is deleted that sync could
@@ -25,6 +27,7 @@ from iris_rag.cancellation import check_cancelled
 from iris_rag.errors import InvalidParametersError
 from iris_rag.ingestion.ingestor import Ingestor, stored_id
 from iris_rag.ingestion.loaders import (
+    SUPPORTED_SUFFIXES,
     CsvColumns,
     SourceDocument,
     SourceError,
@@ -38,6 +41,7 @@ from iris_rag.stores.filters import Condition, MetadataFilter
 
 BATCH = 256
 MULTI_RECORD = {".jsonl", ".csv"}  # one document per record; any other file is one document, its path its id
+SINGLE_DOCUMENT = SUPPORTED_SUFFIXES - MULTI_RECORD
 
 
 @dataclass
@@ -101,6 +105,65 @@ def stored_files(store: DocumentStore, collection_id: str, root: Path) -> dict[s
     return dict(files)
 
 
+def _legacy_files(
+    store: DocumentStore, collection_id: str, root: Path, ours: set[str], adopted: dict[str, str]
+) -> dict[str, StoredFile]:
+    """Documents an older release read from single-document files under root, by path (each its id).
+
+    Each is added to `adopted` with its `source`, which the write or delete checks again. Only ids that
+    name such a file are read: once rewritten with source_root, they are the folder's like any other.
+    """
+    if store.get_collection(collection_id) is None:
+        return {}
+    files: dict[str, StoredFile] = {}
+    for document_id in sorted(store.document_ids(collection_id)):
+        if document_id in ours or not _relative_path(document_id):
+            continue
+        document = store.get_document(collection_id, document_id)
+        source = _legacy_source(document)
+        if source is not None and _names(source, root / document_id):
+            files[document_id] = StoredFile({document_id: None})
+            adopted[document_id] = source
+    return files
+
+
+def _relative_path(document_id: str) -> bool:
+    """Whether an id is a single-document file's path under a folder (its own normal form, not leaving it)."""
+    if Path(document_id).suffix.lower() not in SINGLE_DOCUMENT or document_id.startswith("/"):
+        return False
+    return os.path.normpath(document_id) == document_id and not document_id.startswith("../")
+
+
+def _legacy_source(document: StoredDocument | None) -> str | None:
+    """The `source` of a document stored without source_root (by a release before it), else None."""
+    if document is None or "source_root" in document.metadata:
+        return None
+    source = document.metadata.get("source")
+    return source if isinstance(source, str) and source else None
+
+
+def _names(source: str, path: Path) -> bool:
+    """Whether an older release's `source` is the file at path.
+
+    It was the path given to `ingest` joined with the file's: absolute, it must lead to that file; relative
+    (to a working folder not recorded), it must end with the path, its leading `..` steps aside.
+    """
+    if os.path.isabs(source):
+        try:
+            return Path(source).resolve() == path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop
+            return False
+    parts = Path(os.path.normpath(source)).parts
+    while parts and parts[0] == "..":
+        parts = parts[1:]
+    return bool(parts) and path.parts[-len(parts) :] == parts
+
+
+def _legacy_record_of(document: StoredDocument, path: Path) -> bool:
+    """Whether a document is a record an older release read from a .jsonl or .csv of this name."""
+    return path.suffix.lower() in MULTI_RECORD and _legacy_source(document) == path.name
+
+
 def sync_folder(
     folder: Path,
     collection_id: str,
@@ -117,6 +180,10 @@ def sync_folder(
     root = folder.resolve()
     stored = stored_files(store, collection_id, root)
     ours = {document_id for file in stored.values() for document_id in file.documents}
+    adopted: dict[str, str] = {}  # documents of an older release taken as this folder's, with their source
+    # A text file's id is its path, and none of theirs is this folder's yet: no path is both.
+    stored |= _legacy_files(store, collection_id, root, ours, adopted)
+    ours |= set(adopted)
     report = SyncReport()
     errors: list[tuple[int, SourceError]] = []  # each with its file's place in the walk, to report in order
     present: list[_Present] = []
@@ -138,7 +205,7 @@ def sync_folder(
     for place, file in enumerate(present):
         if file.documents is None:
             continue
-        kept = _not_held_elsewhere(store, collection_id, root, ours, file, errors, place)
+        kept = _not_held_elsewhere(store, collection_id, root, ours, adopted, file, errors, place)
         before = file.stored.documents if file.stored else {}
         file.writes = [d for d in kept if before.get(stored_id(d)) != d.metadata.get("sha256")]
 
@@ -153,8 +220,8 @@ def sync_folder(
                 stale[document_id] = sha256
                 stale_in[document_id] = relative
     # An id that moved to another file (a record from one .jsonl to another) is written again there.
-    _ingest(ingestor, collection_id, root, present, errors, dry_run=dry_run)
-    deleted = stale if dry_run else _delete(store, collection_id, root, stale)
+    _ingest(ingestor, collection_id, root, present, errors, adopted, dry_run=dry_run)
+    deleted = stale if dry_run else _delete(store, collection_id, root, stale, adopted)
     report.documents_deleted = len(deleted)
     # A gone file whose documents another writer deleted or replaced first was not deleted by this sync.
     gone = [r for r in stored if r not in found and not _under(r, unseen)]
@@ -278,6 +345,7 @@ def _not_held_elsewhere(
     collection_id: str,
     root: Path,
     ours: set[str],
+    adopted: dict[str, str],
     file: _Present,
     errors: list[tuple[int, SourceError]],
     place: int,
@@ -286,6 +354,7 @@ def _not_held_elsewhere(
 
     An id is a path relative to its folder, so two folders' `notes.txt`, or a document sent as text with
     that id, are one document: replacing it would break the promise that sync touches only this folder's.
+    A record an older release stored with this file's name as its `source` is this file's (`adopted`).
     """
     kept = []
     for document in file.documents or []:
@@ -294,6 +363,12 @@ def _not_held_elsewhere(
             if document.id is None or document.id in ours
             else store.get_document(collection_id, document.id)
         )
+        if held is not None and _legacy_record_of(held, Path(file.path)):
+            adopted[held.id] = Path(file.path).name
+            ours.add(held.id)
+            file.stored = file.stored or StoredFile()
+            file.stored.documents[held.id] = None
+            held = None
         if held is None:
             kept.append(document)
             continue
@@ -323,7 +398,12 @@ def _held_message(collection_id: str, root: Path, held: StoredDocument) -> str:
         f"(sync replaces only documents it read from {root})"
     )
     if not isinstance(owner, str):
-        return message
+        collection = shlex.quote(collection_id)
+        return (
+            f"{message}; if an older release read it from this folder, ingest the folder once to sync it "
+            f"from now on: iris-rag ingest {shlex.quote(str(root))} --collection {collection}; "
+            f"else delete it: iris-rag delete --collection {collection} {shlex.quote(held.id)}"
+        )
     source_filter = shlex.quote(json.dumps({"source_root": owner}, ensure_ascii=False))
     return (
         f"{message}; if that folder moved here, delete its documents first: iris-rag delete "
@@ -337,6 +417,7 @@ def _ingest(
     root: Path,
     present: list[_Present],
     errors: list[tuple[int, SourceError]],
+    adopted: dict[str, str],
     *,
     dry_run: bool,
 ) -> None:
@@ -351,7 +432,7 @@ def _ingest(
 
     def ours(document_id: str) -> bool:
         held = store.get_document(collection_id, document_id)
-        return held is None or held.metadata.get("source_root") == str(root)
+        return held is None or _still_ours(held, root, adopted)
 
     for start in range(0, len(documents), BATCH):
         batch = documents[start : start + BATCH]
@@ -369,7 +450,13 @@ def _ingest(
             errors.append((place, SourceError(file.relative, message)))
 
 
-def _delete(store: DocumentStore, collection_id: str, root: Path, stale: dict[str, str | None]) -> list[str]:
+def _delete(
+    store: DocumentStore,
+    collection_id: str,
+    root: Path,
+    stale: dict[str, str | None],
+    adopted: dict[str, str],
+) -> list[str]:
     """Delete the documents still as this sync read them (from this folder, at that hash); those deleted.
 
     Checked in the delete's transaction, once the collection's other writers are done: a document written
@@ -381,10 +468,17 @@ def _delete(store: DocumentStore, collection_id: str, root: Path, stale: dict[st
         for document_id, sha256 in stale.items():
             check_cancelled()
             held = store.get_document(collection_id, document_id)
-            if held is None or held.metadata.get("source_root") != str(root):
+            if held is None or not _still_ours(held, root, adopted):
                 continue
             if held.metadata.get("sha256") != sha256:
                 continue
             if store.delete_document(collection_id, document_id):
                 deleted.append(document_id)
     return deleted
+
+
+def _still_ours(held: StoredDocument, root: Path, adopted: dict[str, str]) -> bool:
+    """Whether a stored document is this folder's: read from it, or an older release's as sync found it."""
+    if "source_root" in held.metadata:
+        return bool(held.metadata["source_root"] == str(root))
+    return held.id in adopted and held.metadata.get("source") == adopted[held.id]

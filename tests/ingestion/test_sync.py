@@ -435,3 +435,71 @@ def test_hidden_files_and_folders_are_not_synced(any_service: RagService, folder
     (folder / "sub" / ".cache" / "c.txt").write_text("Cached.", encoding="utf-8")
     assert _counts(_sync(any_service, folder)) == (4, 0, 0, 0, 0)
     assert _ids(any_service) == ["a.md", "c.pdf", "r1", "r2", "sub/b.txt"]
+
+
+def _ingest_as_an_older_release(service: RagService, documents: dict[str, tuple[str, str | None]]) -> None:
+    """Store documents as releases before fd3cf21 left them: metadata.source only, no source_root or sha256.
+
+    Text files had the path given to `ingest` joined with the file's (absolute, or relative to the working
+    folder); .jsonl and .csv records the file's name.
+    """
+    batch = [
+        SourceDocument(document_id, content, "", {} if source is None else {"source": source})
+        for document_id, (content, source) in documents.items()
+    ]
+    assert service.ingestor.ingest("notes", batch).errors == []
+
+
+def test_documents_an_older_release_read_from_the_folder_are_synced_as_its_own(
+    any_service: RagService, folder: Path, tmp_path: Path
+) -> None:
+    (folder / "gone.md").write_text("Gnus migrate.", encoding="utf-8")
+    legacy = {
+        "a.md": ("# A\n\nAnts live in colonies.", str(folder / "a.md")),
+        "sub/b.txt": ("Bats hunt by echolocation.", "notes/sub/b.txt"),  # ingested from tmp_path
+        "gone.md": ("Gnus migrate.", str(folder / "gone.md")),
+        "r1": ("Rivers carry silt.", "records.jsonl"),
+        # Not this folder's: another folder's file, one sent as text, a record no file of it holds.
+        "c.pdf": ("Cats from elsewhere.", str(tmp_path / "elsewhere" / "c.pdf")),
+        "old.md": ("Owls from elsewhere.", str(tmp_path / "elsewhere" / "old.md")),
+        "typed.md": ("Typed by a client.", None),
+        "r9": ("A record of another records.jsonl.", "records.jsonl"),
+    }
+    _ingest_as_an_older_release(any_service, legacy)
+    (folder / "a.md").write_text("# A\n\nAnts farm aphids.", encoding="utf-8")
+    (folder / "gone.md").unlink()
+    for dry_run in (True, False):
+        report = _sync(any_service, folder, dry_run=dry_run)
+        assert (_counts(report), report.documents_deleted) == ((0, 3, 0, 1, 1), 1), dry_run
+        assert [Path(e.location).name for e in report.errors] == ["c.pdf"]
+        assert report.errors[0].message.startswith(
+            "document id 'c.pdf' is already in 'notes', not read from a folder; left as it is"
+        )
+        assert report.errors[0].message.endswith(
+            f"if an older release read it from this folder, ingest the folder once to sync it from now on: "
+            f"iris-rag ingest {folder} --collection notes; else delete it: "
+            f"iris-rag delete --collection notes c.pdf"
+        )
+    assert _ids(any_service) == ["a.md", "c.pdf", "old.md", "r1", "r2", "r9", "sub/b.txt", "typed.md"]
+    assert _content(any_service, "a.md") == "# A\n\nAnts farm aphids."
+    for document_id in ("a.md", "sub/b.txt", "r1"):
+        stored = any_service.store.get_document("notes", document_id)
+        assert stored is not None and stored.metadata["source_root"] == str(folder), document_id
+    for document_id in ("c.pdf", "old.md", "typed.md", "r9"):
+        assert _content(any_service, document_id) == legacy[document_id][0], document_id
+    # They are the folder's now: a file removed is deleted as any other.
+    (folder / "sub" / "b.txt").unlink()
+    report = _sync(any_service, folder)
+    assert (_counts(report), report.documents_deleted) == ((0, 0, 2, 1, 1), 1)
+    assert "sub/b.txt" not in _ids(any_service)
+
+
+def test_an_older_releases_document_replaced_meanwhile_is_not_deleted(
+    any_service: RagService, other: RagService, folder: Path
+) -> None:
+    _ingest_as_an_older_release(any_service, {"gone.md": ("Gnus migrate.", str(folder / "gone.md"))})
+    typed = {"collection_id": "notes", "documents": [{"id": "gone.md", "content": "Typed by a client."}]}
+    _before_each_write(any_service, lambda: other.ingest(typed))
+    report = _sync(any_service, folder)
+    assert (_counts(report), report.documents_deleted) == ((4, 0, 0, 0, 0), 0)
+    assert _content(any_service, "gone.md") == "Typed by a client."
