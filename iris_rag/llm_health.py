@@ -1,4 +1,8 @@
-"""The LLM's health: a cheap GET of the server's /models, cached briefly so rag_health_check stays fast."""
+"""The LLM's health: a cheap GET of the server's /models, cached briefly so rag_health_check stays fast.
+
+A server with no /models (404, 405, 501) may be an LLM server that lacks it, or no LLM server at all (a
+base URL missing /v1, another web server): a one-token chat completion, as answers make them, tells which.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ OPENAI_BASE_URL = "https://api.openai.com/v1"
 PROBE_CACHE_S = 30.0
 # Long enough for a reachable server on a busy machine, short enough to keep health answering fast.
 PROBE_TIMEOUT_S = 2.0
-# Servers that answer but have no /models endpoint are up.
+# Servers that answer but have no /models endpoint: asked for a one-token chat completion instead.
 _NO_MODELS_ENDPOINT = frozenset({404, 405, 501})
 
 
@@ -64,23 +68,33 @@ class LlmProbe:
         api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else ""
         base, query = endpoint_url(base_url, with_key=bool(api_key))  # as the answers' client sends it
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        timeout = min(PROBE_TIMEOUT_S, settings.llm_timeout_s)
         started = time.perf_counter()
+        asked = "GET /models"
         try:
-            response = httpx.get(
-                base.rstrip("/") + "/models",
-                params=query,
-                headers=headers,
-                timeout=min(PROBE_TIMEOUT_S, settings.llm_timeout_s),
-            )
+            response = httpx.get(base.rstrip("/") + "/models", params=query, headers=headers, timeout=timeout)
+            if response.status_code in _NO_MODELS_ENDPOINT:
+                asked = "POST /chat/completions"
+                chat = {"model": settings.llm_model, "messages": [{"role": "user", "content": "ping"}]}
+                response = httpx.post(
+                    base.rstrip("/") + "/chat/completions",
+                    params=query,
+                    headers=headers,
+                    json={**chat, "max_tokens": 1},
+                    timeout=timeout,
+                )
         except httpx.HTTPError as exc:
             error = redact(f"the LLM server is unreachable: {type(exc).__name__}: {exc}", secrets)
             return LlmStatus("unhealthy", error, info, time.monotonic())
         info |= {
+            "probe": asked,
             "http_status": response.status_code,
             "probe_ms": round((time.perf_counter() - started) * 1000, 3),
             "cached_for_s": self.cache_s,
         }
-        if response.is_success or response.status_code in _NO_MODELS_ENDPOINT:
+        if response.is_success:
             return LlmStatus("healthy", None, info, time.monotonic())
-        error = redact(f"the LLM server answered GET /models with HTTP {response.status_code}", secrets)
-        return LlmStatus("degraded", error, info, time.monotonic())
+        error = f"the LLM server answered {asked} with HTTP {response.status_code}"
+        if asked != "GET /models":
+            error += " (and GET /models with 404, 405 or 501): is LLM_BASE_URL an OpenAI-compatible /v1 URL?"
+        return LlmStatus("degraded", redact(error, secrets), info, time.monotonic())

@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 from bisect import bisect_left
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Hashable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +34,11 @@ RECENT_CALLS = 20  # rag_metrics' recent_calls: the window's latest calls, newes
 # cover every call of the hour.
 SUMMARY_FRESH_S = 5.0
 MAX_ID_CHARS = 128  # common.json's request_id and session_id
+# Records a store refused (a full disk, a lost server) are kept to store once it takes writes again, at most
+# this many (some tens of MB; hours of calls at a call a second): past it the oldest go, counted in the log.
+MAX_UNSTORED_RECORDS = 50_000
+# While records wait for a store that refused them, it is tried again this often even if no call comes.
+RETRY_UNSTORED_S = 30.0
 
 
 def correlation_of(arguments: Any) -> dict[str, str]:
@@ -53,14 +58,21 @@ class Monitor:
 
     Records are written by a background thread: a write to the store never delays the answer it describes.
     Until a record is stored it is also kept in memory, so metrics never wait for that write (which may
-    wait for an ingest's write lock) and still count every call. The same thread deletes the records no
-    window reaches any more (RETAINED_S), so a long-running service's call log stays bounded.
+    wait for an ingest's write lock) and still count every call. A record the store refuses (a full disk,
+    a lost server) waits in memory and is written, oldest first, once the store takes writes again (tried
+    at each new record, and every RETRY_UNSTORED_S); at most max_unstored wait, the oldest dropped past it.
+    The same thread deletes the records no window reaches any more (RETAINED_S), so a long-running
+    service's call log stays bounded.
     """
 
-    def __init__(self, store: CallLog) -> None:
+    def __init__(self, store: CallLog, max_unstored: int = MAX_UNSTORED_RECORDS) -> None:
         self.store = store
         self.started_at = time.time()
+        self.max_unstored = max_unstored
+        self.dropped = 0  # records dropped past max_unstored, never stored
         self._pending: queue.Queue[tuple[int, CallRecord]] = queue.Queue()
+        # Those the store refused, oldest first: only the writer thread touches it.
+        self._refused: deque[tuple[int, CallRecord]] = deque()
         self._unstored: dict[int, CallRecord] = {}
         self._unstored_lock = threading.Lock()
         self._numbers = itertools.count()
@@ -100,23 +112,62 @@ class Monitor:
 
     def _write_forever(self) -> None:
         while True:
-            number, record = self._pending.get()
+            try:
+                item = self._pending.get(timeout=RETRY_UNSTORED_S if self._refused else None)
+            except queue.Empty:
+                self._store_refused()
+                continue
+            try:
+                self._refused.append(item)
+                self._store_refused(logged=True)
+                self._drop_past_cap()
+            finally:
+                self._pending.task_done()
+
+    def _store_refused(self, *, logged: bool = False) -> None:
+        """Store the waiting records oldest first, until the store refuses one (then it is down still).
+
+        `logged`: a new record came, and its failure is logged (one line a call, as before any retry).
+        """
+        while self._refused:
+            number, record = self._refused[0]
             try:
                 self.store.record_call(record)
             except Exception as exc:
-                # Kept in memory: this process still counts it. A store that cannot be used (a full disk, a
-                # lost server) fails every record alike: one line each, not a traceback each.
                 failure = connection_failure(exc)
                 if failure is None:
-                    logger.exception("could not store a call record")
-                else:
+                    # Not the store being unusable but this record: retrying it would hold up the rest.
+                    logger.exception("could not store a call record; it is dropped")
+                    self._forget_oldest_refused()
+                    continue
+                # A store that cannot be used (a full disk, a lost server) fails every record alike: one line
+                # each, not a traceback each.
+                if logged:
                     logger.warning("could not store a call record: %s", failure.message)
-            else:
-                with self._unstored_lock:
-                    del self._unstored[number]
-                self._prune_when_due()
-            finally:
-                self._pending.task_done()
+                return
+            self._refused.popleft()
+            with self._unstored_lock:
+                del self._unstored[number]
+            self._prune_when_due()
+
+    def _drop_past_cap(self) -> None:
+        """Forget the oldest records the store refused past max_unstored, so memory stays bounded."""
+        if len(self._refused) <= self.max_unstored:
+            return
+        while len(self._refused) > self.max_unstored:
+            self._forget_oldest_refused()
+        logger.warning(
+            "%d call records dropped so far: the store refused them and %d more wait in memory "
+            "(MAX_UNSTORED_RECORDS); rag_metrics misses them",
+            self.dropped,
+            len(self._refused),
+        )
+
+    def _forget_oldest_refused(self) -> None:
+        number, _ = self._refused.popleft()
+        with self._unstored_lock:
+            del self._unstored[number]
+        self.dropped += 1
 
     def _prune_when_due(self) -> None:
         """Delete the records older than RETAINED_S, if the last time was PRUNE_EVERY_S ago; never raises."""

@@ -2,7 +2,9 @@ import io
 import json
 import logging
 import re
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -494,3 +496,60 @@ def test_a_refusal_for_context_length_names_the_remedy(
     message = failure.value.message
     assert "maximum context length" in message
     assert "options.top_k" in message and "max_rows" in message and "LLM_CONTEXT_CHARS" in message
+
+
+class _NoModelsServer:
+    """An HTTP server without GET /models (404): an LLM server that lacks it, or no LLM server at all."""
+
+    def __init__(self, chat_status: int) -> None:
+        self.requests: list[tuple[str, str, dict[str, Any] | None]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server.requests.append(("GET", self.path, None))
+                self._send(404, b'{"error": "not found"}')
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(("POST", self.path, body))
+                reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "o"}}]}
+                self._send(chat_status, json.dumps(reply if chat_status == 200 else {}).encode())
+
+            def _send(self, status: int, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self._server.server_port}/v1"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.mark.parametrize(("chat_status", "verdict"), [(501, "degraded"), (404, "degraded"), (200, "healthy")])
+def test_a_server_without_get_models_is_healthy_only_if_it_answers_a_chat_completion(
+    tmp_path: Path, chat_status: int, verdict: str
+) -> None:
+    """A 404 on /models read healthy, though a server that is no LLM failed every answer."""
+    server = _NoModelsServer(chat_status)
+    try:
+        probe = LlmProbe(_credential_settings(tmp_path, server.base_url))
+        status = probe.check()
+        assert status.status == verdict
+        if verdict == "degraded":
+            assert status.error is not None and f"HTTP {chat_status}" in status.error
+        chat = [body for method, _path, body in server.requests if method == "POST"]
+        assert len(chat) == 1 and chat[0] is not None and chat[0]["max_tokens"] == 1  # one cheap probe
+        probe.check()  # cached, as the /models probe is
+        assert len(server.requests) == 2
+    finally:
+        server.close()

@@ -317,3 +317,50 @@ def test_health_and_metrics_read_no_call_record_but_the_recent_ones(
     assert len(summed) == 1  # once per SUMMARY_FRESH_S
     assert service.metrics({"time_range": "30d"})["overall"]["request_count"] == 3
     assert read == []
+
+
+def test_records_a_store_refused_are_stored_once_it_accepts_writes_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk's (or a lost server's) records stayed in memory for the process's life, never stored."""
+    store = SqliteStore(tmp_path / "db.sqlite3")
+    write = store.record_call
+    down = True
+
+    def maybe_full(record: CallRecord) -> None:
+        if down:
+            raise_unwritable_store()
+        write(record)
+
+    monkeypatch.setattr(store, "record_call", maybe_full)
+    monitor = Monitor(store)
+    for code in ("DATABASE_CONNECTION_FAILED", "DATABASE_CONNECTION_FAILED"):
+        monitor.record("rag_basic", "basic", 5.0, False, code)
+    monitor.flush()
+    down = False
+    monitor.record("rag_basic", "basic", 6.0, True, None)  # the next write stores the kept ones first
+    monitor.flush()
+    assert not monitor._unstored
+    restarted = Monitor(SqliteStore(tmp_path / "db.sqlite3"))  # the outage's calls survive a restart
+    overall = restarted.metrics("1h")["overall"]
+    assert overall["request_count"] == 3
+    assert overall["error_codes"] == {"DATABASE_CONNECTION_FAILED": 2}
+    assert [c["duration_ms"] for c in restarted.metrics("1h")["recent_calls"]] == [6.0, 5.0, 5.0]
+
+
+def test_records_kept_for_a_store_that_refuses_them_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the cap the oldest kept record is dropped, and the log says how many were."""
+    store = SqliteStore(tmp_path / "db.sqlite3")
+
+    def full(_record: CallRecord) -> None:
+        raise_unwritable_store()
+
+    monkeypatch.setattr(store, "record_call", full)
+    monitor = Monitor(store, max_unstored=3)
+    for duration in range(5):
+        monitor.record("rag_basic", "basic", float(duration), True, None)
+    monitor.flush()
+    assert sorted(r.duration_ms for r in monitor._unstored.values()) == [2.0, 3.0, 4.0]
+    assert any("2 call records dropped" in r.getMessage() for r in caplog.records)

@@ -18,7 +18,9 @@ from iris_rag.worker.protocol import TIMEOUT_REASON
 logger = logging.getLogger(__name__)
 
 # Cheap methods served on their own thread, so that slow queries never hold them up.
-CONTROL = frozenset({"describe", "health_check", "metrics", "list_collections", "record_call", "shutdown"})
+CONTROL = frozenset(
+    {"describe", "health_check", "probe_health", "metrics", "list_collections", "record_call", "shutdown"}
+)
 # `cancel` is answered by the reader thread itself (worker/server.py), never queued behind work.
 
 # Makes the answer of an outcome; returns the error code the answer carries in its place when the outcome
@@ -37,6 +39,8 @@ class Dispatcher:
             **service.methods(),
             "describe": service.describe,
             "record_call": service.record_call,
+            # GET /health's check: rag_health_check's answer, not recorded (a probe is no client's call).
+            "probe_health": service.health_check,
             "podcast_file": service.podcast_file,
             "shutdown": lambda _params: {"shutting_down": True},
         }
@@ -47,24 +51,45 @@ class Dispatcher:
         params: dict[str, Any],
         principal: Principal | None = None,
         encode: Encoder | None = None,
+        *,
+        sent_at: float | None = None,
+        claim_record: Callable[[], bool] | None = None,
     ) -> tuple[bool, dict[str, Any]]:
         """Run one method for `principal` (None: the local user): (True, result) or (False, error).
 
-        `encode` makes the answer before the call is recorded: a call is recorded as its caller got it.
+        `encode` makes the answer before the call is recorded: a call is recorded as its caller got it, with
+        the time it waited from `sent_at` (when the front end took it, its queue included). `claim_record`
+        says whether the record is still this run's to write: a time-out or cancel records the call when the
+        caller is answered (WorkerServer.cancel), and the run that ends later must not record it again.
         """
         with principal_scope(principal):
-            return self._call(method, params, encode)
+            return self._call(method, params, encode, sent_at, claim_record)
+
+    def record_answered(
+        self, method: str, params: dict[str, Any], principal: Principal | None, code: str, waited_ms: float
+    ) -> None:
+        """Record a call whose caller was answered `code` by the front end (a time-out or a cancel) now."""
+        if method in self.monitored:
+            with principal_scope(principal):
+                self._record(method, params, waited_ms, code, self._correlation(method, params))
+
+    def _correlation(self, method: str, params: dict[str, Any]) -> dict[str, str]:
+        """The caller's request_id and session_id: echoed in the answer, stored with the call record."""
+        if method not in self.monitored:
+            return {}
+        return correlation_of(params.get("arguments") if method == "execute" else params)
 
     def _call(
-        self, method: str, params: dict[str, Any], encode: Encoder | None
+        self,
+        method: str,
+        params: dict[str, Any],
+        encode: Encoder | None,
+        sent_at: float | None,
+        claim_record: Callable[[], bool] | None,
     ) -> tuple[bool, dict[str, Any]]:
         started = time.perf_counter()
         error_code: str | None = None
-        # The caller's request_id and session_id: echoed in the answer, stored with the call record.
-        correlation: dict[str, str] = {}
-        if method in self.monitored:
-            arguments = params.get("arguments") if method == "execute" else params
-            correlation = correlation_of(arguments)
+        correlation = self._correlation(method, params)
         try:
             handler = self.methods.get(method)
             if handler is None:
@@ -93,10 +118,12 @@ class Dispatcher:
             error_code = encode(*outcome) or error_code
         token = current_token()
         if token is not None and token.cancelled:
-            # The client saw TIMEOUT_EXCEEDED (or nothing, after its cancel), whatever the work did after.
+            # Cancelled without a cancel request recording it (shutdown): as the caller got it, whatever the
+            # work did after.
             error_code = "TIMEOUT_EXCEEDED" if token.reason == TIMEOUT_REASON else "REQUEST_CANCELLED"
-        if method in self.monitored:
-            self._record(method, params, (time.perf_counter() - started) * 1000, error_code, correlation)
+        if method in self.monitored and (claim_record is None or claim_record()):
+            waited_ms = caller_waited_ms(sent_at, (time.perf_counter() - started) * 1000)
+            self._record(method, params, waited_ms, error_code, correlation)
         return outcome
 
     def _record(
@@ -115,6 +142,17 @@ class Dispatcher:
         except Exception:
             # Monitoring must never turn a served answer into a failure.
             logger.exception("could not record a %s call", method)
+
+
+def caller_waited_ms(sent_at: float | None, run_ms: float) -> float:
+    """How long the caller has waited, from when the front end took the call (sent_at, a UNIX time).
+
+    So the time it queued (MAX_CONCURRENT_REQUESTS) counts, as rag_metrics' durations promise; never less
+    than the run itself (a clock set back meanwhile), and the run alone when the request carried no time.
+    """
+    if sent_at is None:
+        return run_ms
+    return max(run_ms, (time.time() - sent_at) * 1000)
 
 
 def _echo(result: dict[str, Any], correlation: dict[str, str]) -> dict[str, Any]:

@@ -34,12 +34,17 @@ _LEADING_ID = re.compile(rb'^\s*\{\s*"id"\s*:\s*(?:"((?:[^"\\]|\\.){0,200})"|(-?
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """{id, method, params, principal?, timestamp}: principal is the HTTP caller (absent: the local user)."""
+    """{id, method, params, principal?, timestamp}: principal is the HTTP caller (absent: the local user).
+
+    sent_at is the timestamp as a UNIX time: when the front end took the call, before it queued it (None
+    when absent or unreadable). A call's recorded duration runs from it: what the caller waited.
+    """
 
     id: RequestId
     method: str
     params: dict[str, Any]
     principal: Principal | None = None
+    sent_at: float | None = None
 
 
 def _timestamp() -> str:
@@ -84,7 +89,18 @@ def parse_request(line: bytes) -> Request:
         principal = None if raw_principal is None else Principal.from_wire(raw_principal)
     except MalformedRequestError as exc:
         raise MalformedRequestError(exc.message, {"id": request_id}) from exc
-    return Request(request_id, method, params, principal)
+    return Request(request_id, method, params, principal, _sent_at(message.get("timestamp")))
+
+
+def _sent_at(timestamp: Any) -> float | None:
+    """A request's ISO 8601 timestamp as a UNIX time; None if it has none a clock can read."""
+    if not isinstance(timestamp, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(timestamp)
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def success_line(request_id: RequestId, result: Any) -> bytes:

@@ -16,7 +16,10 @@ import logging
 import os
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, BinaryIO
 
 from iris_rag.cancellation import CancelToken, cancellation_scope
@@ -26,10 +29,11 @@ from iris_rag.redaction import redact_logs
 from iris_rag.runtime import limit_blas_threads
 from iris_rag.service import RagService
 from iris_rag.settings import SettingsError, load_settings
-from iris_rag.worker.dispatch import CONTROL, Dispatcher
+from iris_rag.worker.dispatch import CONTROL, Dispatcher, caller_waited_ms
 from iris_rag.worker.protocol import (
     CANCEL_REASONS,
     MAX_ANSWER_BYTES,
+    TIMEOUT_REASON,
     Request,
     RequestId,
     error_line,
@@ -56,6 +60,16 @@ def claim_stdout() -> BinaryIO:
     return protocol
 
 
+@dataclass(slots=True)
+class _Admitted:
+    """A work request from admission until its answer is written."""
+
+    request: Request
+    token: CancelToken
+    received: float  # time.perf_counter() when the reader took it
+    recorded: bool = False  # its call record is written (by its cancel, or by its run's end)
+
+
 class WorkerServer:
     """Serves one request stream until EOF or a shutdown request."""
 
@@ -75,9 +89,9 @@ class WorkerServer:
         self.control = ThreadPoolExecutor(2, thread_name_prefix="control")
         self.running: set[Future[None]] = set()
         self._write_lock = threading.Lock()
-        # The token of every admitted work request, by request id, until its answer is written.
-        self._tokens: dict[RequestId, CancelToken] = {}
-        self._tokens_lock = threading.Lock()
+        # Every admitted work request, by request id, until its answer is written.
+        self._admitted: dict[RequestId, _Admitted] = {}
+        self._admitted_lock = threading.Lock()
 
     def write(self, line: bytes) -> None:
         """Write one whole response line; a pipe may take a large line in several writes."""
@@ -96,16 +110,18 @@ class WorkerServer:
             lines.append(line)
             return refused
 
+        call = (request.method, request.params, request.principal, encode)
         try:
             if token is None:
-                self.dispatcher.call(request.method, request.params, request.principal, encode)
+                self.dispatcher.call(*call, sent_at=request.sent_at)
             else:
                 sink = ProgressSink(lambda steps, message: self._progress(request.id, steps, message))
                 with cancellation_scope(token), progress_scope(sink):
-                    self.dispatcher.call(request.method, request.params, request.principal, encode)
+                    claim = partial(self._claim_record, request.id)
+                    self.dispatcher.call(*call, sent_at=request.sent_at, claim_record=claim)
         finally:
-            with self._tokens_lock:
-                self._tokens.pop(request.id, None)
+            with self._admitted_lock:
+                self._admitted.pop(request.id, None)
         try:
             self.write(lines[0])
         except OSError as exc:
@@ -118,19 +134,43 @@ class WorkerServer:
         except OSError as exc:  # the front end has gone; the answer's write will say so too
             logger.debug("could not report progress of %r: %s", request_id, exc)
 
-    def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Set the token of a running or waiting request; unknown ids (already answered) are a no-op."""
+    def _claim_record(self, request_id: RequestId) -> bool:
+        """Whether the run may write the request's call record: not if its cancel already did; once only."""
+        with self._admitted_lock:
+            admitted = self._admitted[request_id]
+            claimed = not admitted.recorded
+            admitted.recorded = True
+            return claimed
+
+    def cancel(self, cancel: Request) -> dict[str, Any]:
+        """Set the token of a running or waiting request; unknown ids (already answered) are a no-op.
+
+        The front end sends a cancel once it has answered the caller (TIMEOUT_EXCEEDED or REQUEST_CANCELLED),
+        so the call is recorded now, as the caller got it and with the time it waited, not when (or if) the
+        work stops later.
+        """
+        params = cancel.params
         reason = CANCEL_REASONS.get(str(params.get("reason")), CANCEL_REASONS["client"])
-        with self._tokens_lock:
-            token = self._tokens.get(params.get("request_id"))
-        if token is not None:
-            token.cancel(reason)
-        return {"cancelled": token is not None}
+        with self._admitted_lock:
+            admitted = self._admitted.get(params.get("request_id"))
+            to_record = admitted is not None and not admitted.recorded
+            if admitted is not None:
+                admitted.recorded = True
+        if admitted is None:
+            return {"cancelled": False}
+        admitted.token.cancel(reason)
+        if to_record:
+            request = admitted.request
+            code = "TIMEOUT_EXCEEDED" if reason == TIMEOUT_REASON else "REQUEST_CANCELLED"
+            self.dispatcher.record_answered(
+                request.method, request.params, request.principal, code, _waited_ms(admitted, cancel)
+            )
+        return {"cancelled": True}
 
     def cancel_all(self, reason: str) -> None:
         """Cancel every admitted request (shutdown: an unfinished ingest rolls back at its checkpoint)."""
-        with self._tokens_lock:
-            tokens = list(self._tokens.values())
+        with self._admitted_lock:
+            tokens = [admitted.token for admitted in self._admitted.values()]
         for token in tokens:
             token.cancel(reason)
 
@@ -142,10 +182,10 @@ class WorkerServer:
         else:
             executor = self.work
             token = CancelToken()
-            with self._tokens_lock:
-                full = len(self._tokens) >= self.max_in_flight
+            with self._admitted_lock:
+                full = len(self._admitted) >= self.max_in_flight
                 if not full:
-                    self._tokens[request.id] = token
+                    self._admitted[request.id] = _Admitted(request, token, time.perf_counter())
             if full:
                 message = f"{self.max_in_flight} requests already running (MAX_CONCURRENT_REQUESTS)"
                 self.write(error_line(request.id, {"code": "RATE_LIMIT_EXCEEDED", "message": message}))
@@ -175,7 +215,7 @@ class WorkerServer:
                 continue
             if request.method == "cancel":
                 # Answered here, at once: a cancel must not wait behind the work it cancels.
-                self.write(success_line(request.id, self.cancel(request.params)))
+                self.write(success_line(request.id, self.cancel(request)))
                 continue
             self.submit(request)
             if request.method == "shutdown":
@@ -185,6 +225,17 @@ class WorkerServer:
         self.work.shutdown(wait=False, cancel_futures=True)
         self.control.shutdown(wait=False, cancel_futures=True)
         return not unfinished
+
+
+def _waited_ms(admitted: _Admitted, cancel: Request) -> float:
+    """How long the caller of a cancelled request waited: from its request to its cancel.
+
+    The front end stamps both: the request as it took the call, the cancel as it answered the caller.
+    """
+    sent_at = admitted.request.sent_at
+    if sent_at is not None and cancel.sent_at is not None and cancel.sent_at >= sent_at:
+        return (cancel.sent_at - sent_at) * 1000
+    return caller_waited_ms(sent_at, (time.perf_counter() - admitted.received) * 1000)
 
 
 def _answer_line(request: Request, ok: bool, payload: dict[str, Any]) -> tuple[bytes, str | None]:

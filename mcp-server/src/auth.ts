@@ -39,6 +39,9 @@ export function parsePrincipals(text: string): Principal[] {
   return parseEntries(text).map((entry) => entry.principal);
 }
 
+/** rag_metrics' name for the local user's calls (iris_rag/monitor.py): no key may take it. */
+const LOCAL_PRINCIPAL = "local";
+
 function parseEntries(text: string): Entry[] {
   let data: unknown;
   try {
@@ -54,6 +57,9 @@ function parseEntries(text: string): Entry[] {
     const { id, key_sha256: hash, scopes, collections, requests_per_minute: rate } = raw;
     if (typeof id !== "string" || !id.trim()) throw new Error(`${where}.id must be a non-empty string`);
     if (seen.has(id)) throw new Error(`${where}.id ${JSON.stringify(id)} appears twice`);
+    if (id === LOCAL_PRINCIPAL) {
+      throw new Error(`${where}.id "local" is reserved: rag_metrics reports the local user (stdio, the CLI) under it`);
+    }
     seen.add(id);
     if (typeof hash !== "string" || !HEX_SHA256.test(hash.toLowerCase())) {
       throw new Error(`${where}.key_sha256 must be the 64 hex digits of the key's SHA-256 (sha256sum)`);

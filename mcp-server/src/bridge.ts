@@ -31,7 +31,7 @@ export interface BridgeOptions {
 export type Lane = "work" | "control";
 
 /** The worker's cheap methods (iris_rag/worker/dispatch.py CONTROL, plus `cancel`). */
-const CONTROL_METHODS = new Set(["describe", "health_check", "metrics", "list_collections", "record_call", "cancel", "shutdown"]);
+const CONTROL_METHODS = new Set(["describe", "health_check", "probe_health", "metrics", "list_collections", "record_call", "cancel", "shutdown"]);
 
 export interface RequestOptions {
   timeoutMs?: number;

@@ -459,7 +459,7 @@ export class HttpFrontDoor {
     // or anyone flooding it) costs the worker one check a second.
     const now = Date.now();
     if (!this.lastCheck || now - this.lastCheck.at >= HEALTH_REUSE_MS) {
-      this.lastCheck = { at: now, result: this.core.tools.callTool("rag_health_check", { include_details: false }) };
+      this.lastCheck = { at: now, result: this.core.tools.probeHealth() };
     }
     const result = await this.lastCheck.result;
     const report = isObject(result.structuredContent) ? result.structuredContent : {};

@@ -30,6 +30,8 @@ const LONE_SURROGATES = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])
 
 /** Answers even when the worker cannot, so a client can always ask whether the server is up. */
 export const HEALTH_TOOL = "rag_health_check";
+/** The one name rag_metrics records calls to unknown tools under (parenthesized: no tool is named so). */
+export const UNKNOWN_TOOL = "(unknown tool)";
 
 /**
  * Whether the worker recorded a failed call itself (it records every call it ran, and a timed-out or
@@ -148,7 +150,7 @@ export class ToolRouter {
    * One tools/call; `signal` (the client's notifications/cancelled) cancels it in the worker too.
    * `principal` is the HTTP caller (absent on stdio: the local user may call everything). `onProgress`
    * gets the worker's steps (the client asked for them with a progressToken). An unknown tool throws
-   * McpError -32602 (a protocol error), after it is recorded.
+   * McpError -32602 (a protocol error), after it is recorded (as UNKNOWN_TOOL) and has spent its token.
    */
   async callTool(
     name: string,
@@ -160,32 +162,37 @@ export class ToolRouter {
     const started = performance.now();
     const entry = this.catalog.get(name);
     const correlation = correlationOf(args);
-    const fail = (error: BridgeError, technique?: string): CallToolResult => {
-      this.recordFrontEndFailure(name, technique, started, error.code, principal, correlation);
+    // A name that is no tool is recorded under one group: the client's names would each add a by_tool entry.
+    const recorded = entry ? name : UNKNOWN_TOOL;
+    const { technique } = entry?.spec.bridge ?? {};
+    const fail = (error: BridgeError): CallToolResult => {
+      this.recordFrontEndFailure(recorded, technique, started, error.code, principal, correlation);
       return errorResult(withCorrelation(error, correlation));
     };
+    if (principal) {
+      // Every tools/call spends a token (README), first: names that are no tools, or tools the key may not
+      // use, are no way past the key's rate.
+      const waitMs = this.limiter.take(principal);
+      if (waitMs > 0) {
+        return fail(new BridgeError("RATE_LIMIT_EXCEEDED", rateLimitMessage(principal, waitMs), { retry_after_ms: waitMs }));
+      }
+    }
     if (!entry) {
-      // The name is the client's: keep it short and valid Unicode before it is echoed and stored.
+      // The name is the client's: keep it short and valid Unicode before it is echoed.
       const shown = name.slice(0, 128).replace(LONE_SURROGATES, "\uFFFD");
-      this.recordFrontEndFailure(shown, undefined, started, "PIPELINE_NOT_FOUND", principal, correlation);
+      this.recordFrontEndFailure(recorded, undefined, started, "PIPELINE_NOT_FOUND", principal, correlation);
       const known = [...this.catalog.keys()].join(", ");
       // MCP 2025-06-18 (tools, Error Handling): an unknown tool is a protocol error, not a tool result.
       throw new McpError(ErrorCode.InvalidParams, `Unknown tool: ${shown}; available tools: ${known}`);
     }
-
-    const { technique } = entry.spec.bridge;
     if (principal) {
       const scope = requiredScope(entry.spec.annotations);
       if (!hasScope(principal, scope)) {
-        return fail(new BridgeError("FORBIDDEN", `${name} needs the '${scope}' scope; this key has: ${principal.scopes.join(", ") || "none"}`), technique);
-      }
-      const waitMs = this.limiter.take(principal);
-      if (waitMs > 0) {
-        return fail(new BridgeError("RATE_LIMIT_EXCEEDED", rateLimitMessage(principal, waitMs), { retry_after_ms: waitMs }), technique);
+        return fail(new BridgeError("FORBIDDEN", `${name} needs the '${scope}' scope; this key has: ${principal.scopes.join(", ") || "none"}`));
       }
     }
     const failure = entry.validate(args);
-    if (failure) return fail(new BridgeError(failure.code, failure.message, { errors: failure.errors }), technique);
+    if (failure) return fail(new BridgeError(failure.code, failure.message, { errors: failure.errors }));
 
     try {
       const params = technique ? { technique, arguments: args } : (args as JsonObject);
@@ -197,6 +204,19 @@ export class ToolRouter {
       const bridgeError = asBridgeError(error);
       if (!recordedByWorker(bridgeError)) this.recordFrontEndFailure(name, technique, started, bridgeError.code, principal, correlation);
       return name === HEALTH_TOOL ? unhealthyResult(bridgeError, performance.now() - started) : errorResult(withCorrelation(bridgeError, correlation));
+    }
+  }
+
+  /**
+   * GET /health's check: rag_health_check's answer (no details), asked of the worker's probe_health, which
+   * records no call: a probe is no client's call, and one a second would swamp rag_metrics' figures.
+   */
+  async probeHealth(): Promise<CallToolResult> {
+    const started = performance.now();
+    try {
+      return successResult(await this.bridge.request("probe_health", { include_details: false }));
+    } catch (error) {
+      return unhealthyResult(asBridgeError(error), performance.now() - started);
     }
   }
 

@@ -432,6 +432,22 @@ async def test_health_needs_no_key_and_shows_no_secrets(seeded: HttpServer) -> N
     assert all(set(c) == {"status"} for c in body["components"].values())
 
 
+async def test_health_probes_are_not_recorded_as_calls(seeded: HttpServer) -> None:
+    """Each GET /health was recorded as a rag_health_check call by 'local': 3,600 an hour at one a second."""
+
+    async def health_calls() -> int:
+        async with connect(seeded, KEYS["admin"]) as admin:
+            _, metrics = await call(admin, "rag_metrics", {"time_range": "1h"})
+        return int(metrics["by_tool"].get("rag_health_check", {}).get("request_count", 0))
+
+    before = await health_calls()
+    async with httpx.AsyncClient(timeout=60) as client:
+        for _ in range(2):
+            assert (await client.get(f"{seeded.url}/health")).status_code == 200
+            await anyio.sleep(1.1)  # past HEALTH_REUSE_MS: each asks the worker
+    assert await health_calls() == before
+
+
 async def test_keys_rotate_by_editing_the_file(seeded: HttpServer) -> None:
     rotated = {**KEYS, "alice": "k-alice-1"}
     time.sleep(0.05)  # a distinct modification time even on coarse clocks

@@ -25,6 +25,8 @@ describe("RAG_AUTH_FILE principals", () => {
     ["an unknown scope", { ...alice, scopes: ["root"] }, /scopes/],
     ["collections that are not a list", { ...alice, collections: "papers" }, /collections/],
     ["a zero rate", { ...alice, requests_per_minute: 0 }, /requests_per_minute/],
+    // rag_metrics' by_principal reports the local user (stdio, the CLI) as "local": the key's calls would merge.
+    ["the id 'local'", { ...alice, id: "local" }, /principals\[0\]\.id "local" is reserved/],
   ] as const) {
     it(`refuses ${label}`, () => assert.throws(() => parsePrincipals(file([bad])), message));
   }

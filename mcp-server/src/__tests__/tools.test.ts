@@ -3,6 +3,7 @@ import { describe, it } from "node:test";
 
 import { ErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
 
+import { RateLimiter, type Principal } from "../auth.js";
 import type { WorkerBridge } from "../bridge.js";
 import { BridgeError } from "../errors.js";
 import { listedAnnotations, listedInputSchema, listedOutputSchema } from "../listing.js";
@@ -160,13 +161,52 @@ describe("ToolRouter", () => {
     assert.deepEqual(calls, []);
   });
 
-  it("records an unknown tool's call", async () => {
+  it("records an unknown tool's call under one name, not the client's", async () => {
     const { bridge, calls } = fakeBridge({ record_call: () => ({}) });
-    await assert.rejects(new ToolRouter(bridge, realToolSpecs()).callTool("rag_nope", {}), McpError);
+    const router = new ToolRouter(bridge, realToolSpecs());
+    await assert.rejects(router.callTool("rag_nope", {}), McpError);
+    await assert.rejects(router.callTool("rag_other_nope", {}), McpError);
     assert.deepEqual(
       calls.map(({ method, params }) => [method, params.tool, params.error_code]),
-      [["record_call", "rag_nope", "PIPELINE_NOT_FOUND"]],
+      [
+        ["record_call", "(unknown tool)", "PIPELINE_NOT_FOUND"],
+        ["record_call", "(unknown tool)", "PIPELINE_NOT_FOUND"],
+      ],
     );
+  });
+
+  it("spends the key's rate on every tools/call, unknown and forbidden ones included", async () => {
+    const { bridge, calls } = fakeBridge({ record_call: () => ({}) });
+    const router = new ToolRouter(bridge, realToolSpecs(), undefined, new RateLimiter(() => 0));
+    const reader: Principal = { id: "r", scopes: ["read"], collections: "*", requestsPerMinute: 2 };
+    await assert.rejects(router.callTool("rag_nope", {}, undefined, reader), McpError);
+    const forbidden = await router.callTool("rag_ingest", {}, undefined, reader);
+    assert.equal(parseText(forbidden).error.code, "FORBIDDEN");
+    // The bucket (2 a minute) is empty: neither a name that is no tool nor a forbidden tool goes past it.
+    for (const name of ["rag_nope", "rag_ingest"]) {
+      const limited = await router.callTool(name, {}, undefined, reader);
+      assert.equal(parseText(limited).error.code, "RATE_LIMIT_EXCEEDED");
+    }
+    assert.deepEqual(
+      calls.map(({ params }) => [params.tool, params.error_code]),
+      [
+        ["(unknown tool)", "PIPELINE_NOT_FOUND"],
+        ["rag_ingest", "FORBIDDEN"],
+        ["(unknown tool)", "RATE_LIMIT_EXCEEDED"],
+        ["rag_ingest", "RATE_LIMIT_EXCEEDED"],
+      ],
+    );
+  });
+
+  it("answers GET /health's probe from the worker's unrecorded probe_health, unhealthy when it cannot", async () => {
+    const healthy = { status: "healthy", timestamp: "t", components: {} };
+    const { bridge, calls } = fakeBridge({ probe_health: () => healthy, record_call: () => ({}) });
+    assert.deepEqual((await new ToolRouter(bridge, realToolSpecs()).probeHealth()).structuredContent, healthy);
+    assert.deepEqual(calls, [{ method: "probe_health", params: { include_details: false } }]);
+    const down = fakeBridge({ probe_health: () => { throw new BridgeError("WORKER_UNAVAILABLE", "no python"); } });
+    const answer = (await new ToolRouter(down.bridge, realToolSpecs()).probeHealth()).structuredContent;
+    assert.equal(answer?.status, "unhealthy");
+    assert.deepEqual(down.calls.map((call) => call.method), ["probe_health"]);
   });
 
   it("records a time-out or cancel only when the worker never got the call", async () => {
