@@ -285,6 +285,19 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        7,
+        "each call record keeps the caller's request_id and session_id",
+        # As SQLite's version 7 and PostgreSQL's calls: ids of at most 128 characters (common.json), compared
+        # as written; older records have none.
+        [
+            f"ALTER TABLE {SCHEMA}.Calls ADD request_id VARCHAR(512) COLLATE EXACT",
+            f"ALTER TABLE {SCHEMA}.Calls ADD session_id VARCHAR(512) COLLATE EXACT",
+        ],
+    )
+)
+
 MIGRATIONS_TABLE_DDL = f"""CREATE TABLE {SCHEMA}.Migrations (
     step        INTEGER NOT NULL PRIMARY KEY,
     description VARCHAR(1000) NOT NULL,

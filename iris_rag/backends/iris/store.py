@@ -48,6 +48,7 @@ from iris_rag.errors import DatabaseConnectionFailedError, TimeoutExceededError
 from iris_rag.redaction import redact
 from iris_rag.stores.base import (
     CacheItem,
+    CacheOwner,
     CallFigures,
     CallFilter,
     CallRecord,
@@ -85,6 +86,14 @@ BATCH = 500
 MAX_TERM_BYTES = 200
 # The driver's error text carries the SQLCODE: -110 and -114 are lock time-outs (LockTimeout, 10 s).
 _LOCK_TIMEOUT_CODES = ("<-110>", "<-114>")
+
+
+# A call record's columns, in CallRecord's order.
+_CALL_COLUMNS = "ts, tool, technique, duration_ms, success, error_code, principal, request_id, session_id"
+
+
+def _call_record(row: tuple[Any, ...]) -> CallRecord:
+    return CallRecord(float(row[0]), row[1], row[2], float(row[3]), bool(row[4]), *row[5:9])
 
 
 def _indexed(term: str) -> bool:
@@ -367,10 +376,11 @@ class IrisStore:
     def _ensure_vector_table(self, dimension: int) -> str:
         table = vector_table(dimension)
         if dimension not in self._vector_tables:
-            if not self._table_exists(table):
+            if self._table_exists(table):
+                self._vector_tables.add(dimension)
+            else:  # remembered only once seen again: this transaction may yet roll the table back
                 for statement in vector_table_ddl(dimension):
                     self.execute(statement)
-            self._vector_tables.add(dimension)
         return table
 
     def register_index(self, index: TechniqueIndex) -> None:
@@ -1042,19 +1052,28 @@ class IrisStore:
     def cache_embeddings(self, model: str, items: list[CacheItem]) -> None:
         """Remember vectors by text hash, each owned by the document it was made for.
 
-        A hash already cached keeps its vector and owner (same text, same model).
+        A hash cached again takes the latest vector and keeps its first owner, as SQLite's and PostgreSQL's
+        ON CONFLICT DO UPDATE SET vector do (IRIS's INSERT OR UPDATE would replace the owner too).
         """
         if not items:
             return
+        vectors = {h: np.ascontiguousarray(v, dtype=np.float32).tobytes() for h, v, _ in items}
+        owners: dict[bytes, CacheOwner | None] = {}
+        for h, _, owner in items:
+            owners.setdefault(h, owner)
         with self.transaction():
-            known = self.cached_embeddings(model, [h for h, _, _ in items])
-            fresh = {h: (v, owner) for h, v, owner in items if h not in known}
+            known = self.cached_embeddings(model, list(vectors))
+            self.executemany(
+                f"UPDATE {SCHEMA}.EmbeddingCache SET raw_vector = ? WHERE model_name = ? AND text_hash = ?",
+                [(vector, model, h) for h, vector in vectors.items() if h in known],
+            )
             self.executemany(
                 f"""INSERT INTO {SCHEMA}.EmbeddingCache (model_name, text_hash, raw_vector, collection_id,
                        document_id, source_hash) VALUES (?, ?, ?, ?, ?, ?)""",
                 [
-                    (model, h, np.ascontiguousarray(v, dtype=np.float32).tobytes(), *owner_columns(owner))
-                    for h, (v, owner) in fresh.items()
+                    (model, h, vector, *owner_columns(owners[h]))
+                    for h, vector in vectors.items()
+                    if h not in known
                 ],
             )
 
@@ -1064,8 +1083,8 @@ class IrisStore:
         with self.transaction():
             self.execute(
                 f"""INSERT INTO {SCHEMA}.Calls (ts, tool, technique, duration_ms, success, error_code,
-                       principal)
-                    VALUES (?, ?, ?, ?, ?, ?, ?)""",
+                       principal, request_id, session_id)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     record.timestamp,
                     record.tool,
@@ -1074,17 +1093,15 @@ class IrisStore:
                     int(record.success),
                     record.error_code,
                     record.principal,
+                    record.request_id,
+                    record.session_id,
                 ),
             )
 
     def calls_since(self, since: float) -> list[CallRecord]:
         """Every call record at or after a UNIX time."""
-        rows = self.rows(
-            f"""SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM {SCHEMA}.Calls
-                WHERE ts >= ? ORDER BY ts""",
-            (since,),
-        )
-        return [CallRecord(float(r[0]), r[1], r[2], float(r[3]), bool(r[4]), r[5], r[6]) for r in rows]
+        rows = self.rows(f"SELECT {_CALL_COLUMNS} FROM {SCHEMA}.Calls WHERE ts >= ? ORDER BY ts", (since,))
+        return [_call_record(row) for row in rows]
 
     def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
         """Count, successes and durations' sum of the records a filter covers (and before a UNIX time)."""
@@ -1109,11 +1126,11 @@ class IrisStore:
         """The latest call records a filter covers, newest first."""
         expression, parameters = covered_calls(which, mark="?")
         rows = self.rows(
-            f"""SELECT TOP {int(limit)} ts, tool, technique, duration_ms, success, error_code, principal
-                FROM {SCHEMA}.Calls WHERE {expression} ORDER BY ts DESC""",
+            f"SELECT TOP {int(limit)} {_CALL_COLUMNS} FROM {SCHEMA}.Calls "
+            f"WHERE {expression} ORDER BY ts DESC",
             parameters,
         )
-        return [CallRecord(float(r[0]), r[1], r[2], float(r[3]), bool(r[4]), r[5], r[6]) for r in rows]
+        return [_call_record(row) for row in rows]
 
     def forget_calls_before(self, before: float) -> None:
         """Delete every call record before a UNIX time."""

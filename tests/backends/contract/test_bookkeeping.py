@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iris_rag.stores.base import CacheItem, CacheOwner, CallRecord, DocumentStore
+from iris_rag.stores.base import CacheItem, CacheOwner, CallFilter, CallRecord, DocumentStore
 from tests.backends.contract.corpus import MODEL, document, new_collection, unit_vector
 
 
@@ -51,6 +51,16 @@ def test_call_log_order_and_window(store: DocumentStore) -> None:
     assert store.calls_since(0) == [record(999.0), failed, record(1_001.5, "rag_health"), record(1_002.0)]
     assert store.calls_since(1_001.5) == [record(1_001.5, "rag_health"), record(1_002.0)]
     assert store.calls_since(1_002.5) == []
+
+
+def test_a_call_record_keeps_the_callers_ids(store: DocumentStore) -> None:
+    """The caller's request_id and session_id are stored with the call (README: rag_metrics recent_calls)."""
+    named = CallRecord(1_000.0, "rag_basic", "basic", 9.0, True, None, "alice", "req-7", "session-1")
+    store.record_call(named)
+    store.record_call(record(1_001.0))
+    assert store.calls_since(0) == [named, record(1_001.0)]
+    assert store.recent_calls(CallFilter(0), 5) == [record(1_001.0), named]
+    assert store.recent_calls(CallFilter(0, principal="alice"), 5) == [named]
 
 
 def test_embedding_cache_round_trip(store: DocumentStore) -> None:

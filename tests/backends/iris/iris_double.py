@@ -15,25 +15,77 @@ and copies only these rules of InterSystems' documentation, each as a test needs
   encoded bytes with <SUBSCRIPT> (the global reference limit); a duplicate key with SQLCODE -119.
 - The isolation level is READ UNCOMMITTED until SET TRANSACTION ISOLATION LEVEL says otherwise (recorded).
 - rowcount is -1: sqlalchemy-iris marks this driver supports_sane_rowcount = False.
+- TO_VECTOR(data, type, length) (RSQL_tovector): comma-separated text, optionally in brackets, padded with
+  zeros or cut to `length`; stored here as the elements' bytes behind a type tag. VECTOR_COSINE and
+  VECTOR_DOT_PRODUCT (RSQL_vectorcosine, RSQL_vectordotproduct) over two such vectors: SQLCODE -257 for
+  lengths that differ, -259 for types that differ. An HNSW index (CREATE INDEX ... AS HNSW) is accepted and
+  never built: a search through it here is exact, so this double says nothing of the index's recall.
 
-One SQLite file is the server; each connection is one IRIS process.
+One SQLite file is the server; each connection is one IRIS process. `install` puts it in place of the
+`iris` module for one test, in this process only (a subprocess imports the real driver).
 """
 
 from __future__ import annotations
 
 import re
+import socket
 import sqlite3
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
 
 _COLUMN = re.compile(r"(\w+)(\s+)VARCHAR\((\d+)\)(\s+COLLATE\s+%?(\w+))?", re.IGNORECASE)
 
 
 def _sqlupper(value: str) -> str:
     return value.rstrip().upper()
+
+
+# A stored vector: one tag byte for its element type, then its elements (NumPy's native byte order).
+_VECTOR_TYPES: dict[str, tuple[bytes, type[np.generic]]] = {
+    "FLOAT": (b"f", np.float32),
+    "DOUBLE": (b"d", np.float64),
+    "INTEGER": (b"i", np.int64),
+    "INT": (b"i", np.int64),
+}
+_TAGS = {tag: dtype for tag, dtype in _VECTOR_TYPES.values()}
+
+
+def _to_vector(data: str, kind: str, length: int) -> bytes:
+    tag, dtype = _VECTOR_TYPES[kind.upper()]
+    text = data.strip().removeprefix("[").removesuffix("]")
+    values = np.asarray([float(v) for v in text.split(",")], dtype=np.float64).astype(dtype)
+    values = np.concatenate([values[:length], np.zeros(max(0, length - len(values)), dtype=dtype)])
+    return tag + values.tobytes()
+
+
+def _vectors(a: bytes, b: bytes) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    if a[:1] != b[:1]:
+        raise _error(-259, "vectors of different types")
+    first = np.frombuffer(a, dtype=_TAGS[a[:1]], offset=1).astype(np.float64)
+    second = np.frombuffer(b, dtype=_TAGS[b[:1]], offset=1).astype(np.float64)
+    if len(first) != len(second):
+        raise _error(-257, f"vectors of lengths {len(first)} and {len(second)}")
+    return first, second
+
+
+def _vector_dot_product(a: bytes, b: bytes) -> float:
+    first, second = _vectors(a, b)
+    return float(first @ second)
+
+
+def _vector_cosine(a: bytes, b: bytes) -> float:
+    first, second = _vectors(a, b)
+    return float(first @ second / (np.linalg.norm(first) * np.linalg.norm(second)))
 
 
 @dataclass
@@ -71,6 +123,22 @@ class Server:
         return found is not None and found.collation != "EXACT"
 
 
+def install(path: Path, monkeypatch: pytest.MonkeyPatch) -> Server:
+    """A server on a new SQLite file, answering `iris.connect` in this process until the test ends."""
+    server = Server(path)
+    monkeypatch.setitem(sys.modules, "iris", SimpleNamespace(connect=server.connect))
+    return server
+
+
+@contextmanager
+def listening_port() -> Iterator[int]:
+    """A local port that accepts connections: the store reaches the superserver port before it logs in."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield int(listener.getsockname()[1])
+
+
 def _error(code: int, text: str) -> RuntimeError:
     return RuntimeError(f"[SQLCODE: <{code}>:<{text}>]")
 
@@ -85,10 +153,28 @@ class Connection:
             "substr(name, 1, instr(name, '_') - 1) AS TABLE_SCHEMA, substr(name, instr(name, '_') + 1) "
             "AS TABLE_NAME FROM sqlite_master WHERE type = 'table'"
         )
+        for name, arity, function in (
+            ("TO_VECTOR", 3, _to_vector),
+            ("VECTOR_COSINE", 2, _vector_cosine),
+            ("VECTOR_DOT_PRODUCT", 2, _vector_dot_product),
+        ):
+            self.db.create_function(name, arity, self._reporting(function), deterministic=True)
         self.isolation = "READ UNCOMMITTED"
         self.collations: set[str] = set()
         self.deferred_unlocks: list[str] = []
         self.closed = False
+        # SQLite reports a function's exception only as "user-defined function raised exception".
+        self.function_error: RuntimeError | None = None
+
+    def _reporting(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*arguments: Any) -> Any:
+            try:
+                return function(*arguments)
+            except RuntimeError as exc:
+                self.function_error = exc
+                raise
+
+        return call
 
     def cursor(self) -> Cursor:
         return Cursor(self)
@@ -196,6 +282,7 @@ class Cursor:
             self._check_values(text, many)
         connection._register_collations()
         connection.begin()
+        connection.function_error = None
         try:
             if len(many) == 1:
                 cursor = connection.db.execute(sql, many[0])
@@ -205,6 +292,8 @@ class Cursor:
         except sqlite3.IntegrityError as exc:
             raise _error(-119, f"UNIQUE or PRIMARY KEY Constraint failed uniqueness check ({exc})") from exc
         except sqlite3.OperationalError as exc:
+            if connection.function_error is not None:
+                raise connection.function_error from exc
             if "locked" in str(exc):
                 raise _error(-110, f"Lock timeout occurred ({exc})") from exc
             raise
@@ -233,7 +322,7 @@ class Cursor:
         text = re.sub(r"VARBINARY\(\d+\)", "BLOB", text)
         text = text.replace("LONGVARCHAR", "TEXT")
         text = re.sub(r"VECTOR\(FLOAT, \d+\)", "BLOB", text)
-        text = re.sub(r"TO_VECTOR\(\?, FLOAT, \d+\)", "?", text)
+        text = re.sub(r"TO_VECTOR\((\?), (\w+), (\d+)\)", r"TO_VECTOR(\1, '\2', \3)", text)
         text = text.replace("%EXACT(", "(")
         top = re.match(r"\s*SELECT TOP (\d+) (.*)$", text, re.S)
         if top:

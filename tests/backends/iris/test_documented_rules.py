@@ -7,11 +7,8 @@ isolation, rowcount), not that a live server agrees.
 
 from __future__ import annotations
 
-import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,9 +17,16 @@ from iris_rag.backends.iris import schema
 from iris_rag.backends.iris import store as store_module
 from iris_rag.backends.iris.colbert import IrisTokenVectors
 from iris_rag.backends.iris.store import IrisLockTimeoutError, IrisStore, IrisTarget
-from iris_rag.stores.base import ChunkInput, DocumentInput, KeywordQuery, NewCollection
+from iris_rag.stores.base import (
+    CallFilter,
+    CallRecord,
+    ChunkInput,
+    DocumentInput,
+    KeywordQuery,
+    NewCollection,
+)
 from iris_rag.techniques.colbert.storage import TokenRow
-from tests.backends.iris.iris_double import Server
+from tests.backends.iris.iris_double import Server, install, listening_port
 
 VECTOR = np.full(4, 0.5, dtype=np.float32)
 
@@ -33,17 +37,13 @@ def _document(document_id: str, text: str) -> DocumentInput:
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Server:
-    made = Server(tmp_path / "iris.sqlite3")
-    monkeypatch.setitem(sys.modules, "iris", SimpleNamespace(connect=made.connect))
-    return made
+    return install(tmp_path / "iris.sqlite3", monkeypatch)
 
 
 @pytest.fixture
 def target() -> Iterator[IrisTarget]:
-    with socket.socket() as listener:  # connect() first reaches the port
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        yield IrisTarget("127.0.0.1", int(listener.getsockname()[1]))
+    with listening_port() as port:
+        yield IrisTarget("127.0.0.1", port)
 
 
 @pytest.fixture
@@ -109,6 +109,49 @@ def test_a_store_of_schema_5_moves_to_exact_collation(
         assert after.document_ids("Notes") == ["a.md", "b.md", "A.md"]
     finally:
         after.close()
+
+
+def test_a_store_of_schema_6_keeps_its_call_log_and_records_the_callers_ids(
+    server: Server, target: IrisTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 7 adds request_id and session_id to the Calls table; the records already there stay, without."""
+    old = CallRecord(1_000.0, "rag_basic", "basic", 5.0, True, None, "alice")
+    with monkeypatch.context() as before_step_7:
+        before_step_7.setattr(store_module, "MIGRATIONS", [s for s in schema.MIGRATIONS if s[0] < 7])
+        IrisStore(target).close()
+        written = server.connect()  # as the release before step 7 wrote a call record
+        written.cursor().execute(
+            "INSERT INTO IrisRag.Calls (ts, tool, technique, duration_ms, success, error_code, principal) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [1_000.0, "rag_basic", "basic", 5.0, 1, None, "alice"],
+        )
+        written.commit()
+        written.close()
+    after = IrisStore(target)
+    try:
+        named = CallRecord(1_001.0, "rag_basic", "basic", 6.0, True, None, "alice", "req-1", "session-1")
+        after.record_call(named)
+        assert after.recent_calls(CallFilter(0), 5) == [named, old]
+        assert any("ADD request_id" in statement for statement in server.statements)
+    finally:
+        after.close()
+
+
+def test_the_vector_functions_follow_the_reference(server: Server) -> None:
+    """The double's TO_VECTOR pads or cuts to the length; VECTOR_COSINE refuses vectors of two lengths."""
+    cursor = server.connect().cursor()
+    cursor.execute(
+        "SELECT VECTOR_COSINE(TO_VECTOR(?, FLOAT, 3), TO_VECTOR(?, FLOAT, 3))", ["[1,0]", "1,0,0,9"]
+    )
+    assert cursor.fetchall() == [(1.0,)]
+    cursor.execute(
+        "SELECT VECTOR_DOT_PRODUCT(TO_VECTOR(?, FLOAT, 2), TO_VECTOR(?, FLOAT, 2))", ["2,3", "4,5"]
+    )
+    assert cursor.fetchall() == [(23.0,)]
+    with pytest.raises(RuntimeError, match="<-257>"):
+        cursor.execute(
+            "SELECT VECTOR_COSINE(TO_VECTOR(?, FLOAT, 2), TO_VECTOR(?, FLOAT, 3))", ["1,0", "1,0,0"]
+        )
 
 
 def test_a_second_process_opens_the_store_while_the_first_holds_it(
