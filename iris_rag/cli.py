@@ -140,6 +140,8 @@ def cmd_sync(args: argparse.Namespace, service: RagService) -> int:
         service.wait_for_indexes(args.collection)
     for error in report.errors:
         print(f"error {error.location}: {error.message}", file=sys.stderr)
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
     print(
         f"sync {shown(args.folder)} -> {args.collection}{' (dry run)' if args.dry_run else ''}: "
         f"{report.summary()}"

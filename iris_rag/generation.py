@@ -13,6 +13,7 @@ from iris_rag.llm import (
     PASSAGES_ARE_DATA,
     PromptPassage,
     TechniqueLLM,
+    citation_marks,
     render_passages,
     strip_unknown_citations,
 )
@@ -363,7 +364,6 @@ class OpenAIGenerator:
 _STEPS_HEADING = re.compile(r"^[ \t*#_]*(?:reasoning )?steps[ \t*_]*:[ \t*_]*$", re.IGNORECASE | re.MULTILINE)
 _STEP_NUMBER = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s*")
 _CHUNK_IDS = re.compile(r"\{([^{}]*)\}")
-_CITATION = re.compile(r"\[(\d+)\]")
 
 
 def parse_llm_steps(text: str, passages: list[Passage]) -> tuple[str, Reasoning]:
@@ -383,7 +383,7 @@ def parse_llm_steps(text: str, passages: list[Passage]) -> tuple[str, Reasoning]
         if not body:
             continue
         named = [i.strip() for group in _CHUNK_IDS.findall(body) for i in group.split(",")]
-        cited = [i for n in _CITATION.findall(body) for i in by_citation.get(int(n), [])]
+        cited = [i for n in citation_marks(body).kept for i in by_citation.get(n, [])]
         chunk_ids = tuple(dict.fromkeys(i for i in [*named, *cited] if i in known))
         found.append(ReasoningStep(_CHUNK_IDS.sub("", body).strip(), chunk_ids))
     return answer or text, Reasoning("llm", LLM_STEPS_NOTE, tuple(found))

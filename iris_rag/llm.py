@@ -1,10 +1,10 @@
 """The one client for the configured LLM: answers, technique prompts, SQL, graph extraction.
 
-`TechniqueLLM.chat()` is every LLM call: a failure of any kind (unreachable, refused, a 200 that is no chat
-completion, no text) is a RagError naming the LLM's URL, credentials redacted; a reply is capped at
-REPLY_CHARS_PER_TOKEN characters a max_token and says whether it was cut. Passages go to an LLM as
-`render_passages()` writes them, and citations to passages that were not sent come out of its replies
-through `strip_unknown_citations()`.
+`TechniqueLLM.chat()` is every LLM call (the health check's `probe()` sends the same request): a failure of
+any kind (unreachable, refused, a 200 that is no chat completion, no text) is a RagError naming the LLM's URL,
+credentials redacted; a reply is capped at REPLY_CHARS_PER_TOKEN characters a max_token and says whether it
+was cut. Passages go to an LLM as `render_passages()` writes them, and citations to passages that were not
+sent come out of its replies through `strip_unknown_citations()`.
 
 A technique asks `TechniqueLLM.produce()` for a text and names a fallback that builds it without an LLM.
 When LLM_PROVIDER=openai the configured OpenAI-compatible server (LLM_BASE_URL, LLM_MODEL, LLM_API_KEY,
@@ -136,6 +136,21 @@ def _reply(completion: Any, *, max_tokens: int, remedy: str) -> Reply:
     return Reply((cut[:space] if space > 0 else cut).rstrip(), finish_reason, cap)
 
 
+def _is_completion(completion: Any) -> bool:
+    """Whether a parsed body is a chat completion: choices a list, the first with a message of text or null.
+
+    The client builds its objects without validating them: {"choices": [{}]} parses, with no message.
+    """
+    from openai.types.chat import ChatCompletion
+
+    if not isinstance(completion, ChatCompletion) or not isinstance(completion.choices, list):
+        return False
+    if not completion.choices:
+        return True  # no choice: "the LLM returned no text"
+    message = getattr(completion.choices[0], "message", None)
+    return message is not None and isinstance(getattr(message, "content", None), str | None)
+
+
 def _not_a_completion(raw: Any) -> str:
     """What answered instead of a chat completion: its content type and first bytes."""
     content_type = raw.headers.get("content-type", "none")
@@ -196,10 +211,33 @@ class TechniqueLLM:
         if self._client is None:
             msg = "no LLM is configured (LLM_PROVIDER=none)"
             raise GenerationFailedError(msg)
-        where = f"the LLM at {self._client.base_url}"
+        raw = self._send(self._client, system, user, max_tokens=max_tokens, temperature=temperature)
+        return _reply(self._completion(raw), max_tokens=max_tokens, remedy=remedy)
+
+    def probe(self, timeout_s: float) -> tuple[int | None, RagError | None]:
+        """A one-token chat completion, tried once within timeout_s (the health probe).
+
+        Its HTTP status (None: no answer) and the failure chat() would raise, or None when a chat completion
+        came back, empty or not (with one token, a reasoning model has written nothing yet).
+        """
+        if self._client is None:
+            return None, GenerationFailedError("no LLM is configured (LLM_PROVIDER=none)")
+        client = self._client.with_options(timeout=timeout_s, max_retries=0)
         try:
-            # The raw response too: a 200 that is no chat completion (a proxy's HTML page) is told by it.
-            raw = self._client.chat.completions.with_raw_response.create(
+            raw = self._send(client, "Reply with one word.", "ping", max_tokens=1, temperature=0.0)
+        except RagError as exc:
+            return getattr(exc.__cause__, "status_code", None), exc
+        try:
+            self._completion(raw)
+        except RagError as exc:
+            return int(raw.status_code), exc
+        return int(raw.status_code), None
+
+    def _send(self, client: Any, system: str, user: str, *, max_tokens: int, temperature: float) -> Any:
+        """The raw response to one chat completion request; a failure named as chat() says."""
+        try:
+            # The raw response: a 200 that is no chat completion (a proxy's HTML page) is told by it.
+            return client.chat.completions.with_raw_response.create(
                 model=self.model_name,
                 messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
                 temperature=temperature,
@@ -212,20 +250,21 @@ class TechniqueLLM:
             unreachable = isinstance(exc, APIConnectionError)
             error = LlmServiceUnavailableError if unreachable else GenerationFailedError
             what = "cannot be reached" if unreachable else "failed"
-            msg = f"{where} {what}: {type(exc).__name__}: {exc}"
+            msg = f"the LLM at {self._client.base_url} {what}: {type(exc).__name__}: {exc}"
             if _CONTEXT_REFUSAL.search(str(exc)):
                 msg += f"; {CONTEXT_REMEDY}"
             raise error(redact(msg, self._secrets)) from exc
+
+    def _completion(self, raw: Any) -> Any:
+        """The chat completion a raw response holds; GenerationFailedError naming the LLM when it is none."""
         try:
             completion = raw.parse()
         except ValueError:  # the body is not JSON
             completion = None
-        from openai.types.chat import ChatCompletion
-
-        if not isinstance(completion, ChatCompletion) or not isinstance(completion.choices, list):
-            msg = f"{where} returned {_not_a_completion(raw)}"
+        if not _is_completion(completion):
+            msg = f"the LLM at {self._client.base_url} returned {_not_a_completion(raw)}"
             raise GenerationFailedError(redact(msg, self._secrets))
-        return _reply(completion, max_tokens=max_tokens, remedy=remedy)
+        return completion
 
     def complete(self, system: str, user: str, *, max_tokens: int, temperature: float = 0.0) -> str:
         """One chat completion's text; raises (as chat()) on any failure or an empty reply."""
@@ -339,21 +378,66 @@ def render_passages(passages: Iterable[PromptPassage], budget: int | None = None
     return RenderedPassages("\n\n".join(blocks), len(blocks))
 
 
-# A citation mark: [3] or [1, 3], with the space before it (removed with a mark that cites nothing left).
-_CITATION = re.compile(r"(\s*)\[(\d+(?:\s*,\s*\d+)*)\]")
+# A passage number a reply can cite: top_k is at most 50 and a podcast sends 24, so a larger [n] (a year, an
+# RFC) is no citation; 4 digits at most, so int() never meets the thousands of digits it refuses.
+CITATION_CAP = 99
+# Citation marks, [3] or [1, 3], one or several in a row ([1][2]), with the spaces before them (removed with
+# marks that cite nothing left). Not after a word, ] or ): items[0], A[1, 2] and f(x)[3] index, not cite.
+_CITATIONS = re.compile(r"([ \t]*)(?<![\w\])])((?:\[\d{1,4}(?:\s*,\s*\d{1,4})*\])+)")
+_MARK = re.compile(r"\[([^\]]*)\]")
+# Code, where [n] is code: fenced blocks (to their closing fence, or the end) and code spans.
+_CODE = re.compile(
+    r"^[ \t]{0,3}(?P<fence>(?P<char>[`~])(?P=char){2,})[^\n]*"
+    r"(?:\n[\s\S]*?(?:\n[ \t]{0,3}(?P=fence)(?P=char)*[ \t]*$|\Z)|\Z)"
+    r"|(?<!`)(?P<span>`+)(?!`)[\s\S]*?(?<!`)(?P=span)(?!`)",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CitationMarks:
+    """A text's citations, outside code: those kept, those removed (in order), and the text left."""
+
+    text: str
+    kept: list[int]
+    removed: list[int]
+
+
+def citation_marks(
+    text: str, keep: Callable[[int], bool] = lambda _: True, cap: int = CITATION_CAP
+) -> CitationMarks:
+    """The text's citation marks ([n] with 1 <= n <= cap), each number kept or removed as `keep` says.
+
+    A mark citing some kept numbers keeps them ([2, 9] becomes [2]); one citing none goes, with its space,
+    as does a run of such marks. A mark with any number outside 1..cap is no citation and stays as it is.
+    """
+    code = [match.span() for match in _CODE.finditer(text)]
+    kept: list[int] = []
+    removed: list[int] = []
+
+    def edit(run: re.Match[str]) -> str:
+        if any(start <= run.start(2) < end for start, end in code):
+            return run[0]
+        marks = []
+        for mark in _MARK.finditer(run[2]):
+            numbers = [int(n) for n in mark[1].split(",")]
+            if not all(1 <= n <= cap for n in numbers):
+                marks.append(mark[0])
+                continue
+            still = [n for n in numbers if keep(n)]
+            kept.extend(still)
+            removed.extend(n for n in numbers if not keep(n))
+            if still:
+                marks.append(f"[{', '.join(map(str, still))}]")
+        return run[1] + "".join(marks) if marks else ""
+
+    return CitationMarks(_CITATIONS.sub(edit, text), kept, removed)
 
 
 def strip_unknown_citations(text: str, known: set[int]) -> tuple[str, list[int]]:
     """The text without citations to passages not in `known` ([7] of two passages), and those numbers.
 
-    A mark citing some known passages keeps them ([2, 9] becomes [2]); one citing none goes, with its space.
+    Only citation marks count (citation_marks): [0] after a name, [2020], or [3] in code are text.
     """
-    removed: set[int] = set()
-
-    def keep(match: re.Match[str]) -> str:
-        numbers = [int(n) for n in match[2].split(",")]
-        removed.update(n for n in numbers if n not in known)
-        kept = [str(n) for n in numbers if n in known]
-        return f"{match[1]}[{', '.join(kept)}]" if kept else ""
-
-    return _CITATION.sub(keep, text), sorted(removed)
+    marks = citation_marks(text, known.__contains__, max(CITATION_CAP, *known, 0))
+    return marks.text, sorted(set(marks.removed))

@@ -1,7 +1,8 @@
 """The LLM's health: a cheap GET of the server's /models, cached briefly so rag_health_check stays fast.
 
 A server with no /models (404, 405, 501) may be an LLM server that lacks it, or no LLM server at all (a
-base URL missing /v1, another web server): a one-token chat completion, as answers make them, tells which.
+base URL missing /v1, another web server): a one-token chat completion, asked through the answers' client
+(TechniqueLLM.probe), tells which; only a chat completion in reply is healthy, not any 2xx page.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import httpx
 
-from iris_rag.llm import endpoint_url
+from iris_rag.errors import LlmServiceUnavailableError
+from iris_rag.llm import TechniqueLLM, endpoint_url
 from iris_rag.redaction import redact
 from iris_rag.settings import Settings
 
@@ -73,28 +75,33 @@ class LlmProbe:
         asked = "GET /models"
         try:
             response = httpx.get(base.rstrip("/") + "/models", params=query, headers=headers, timeout=timeout)
-            if response.status_code in _NO_MODELS_ENDPOINT:
-                asked = "POST /chat/completions"
-                chat = {"model": settings.llm_model, "messages": [{"role": "user", "content": "ping"}]}
-                response = httpx.post(
-                    base.rstrip("/") + "/chat/completions",
-                    params=query,
-                    headers=headers,
-                    json={**chat, "max_tokens": 1},
-                    timeout=timeout,
-                )
         except httpx.HTTPError as exc:
-            error = redact(f"the LLM server is unreachable: {type(exc).__name__}: {exc}", secrets)
-            return LlmStatus("unhealthy", error, info, time.monotonic())
+            unreachable = redact(f"the LLM server is unreachable: {type(exc).__name__}: {exc}", secrets)
+            return LlmStatus("unhealthy", unreachable, info, time.monotonic())
+        http_status = response.status_code
+        error: str | None = None
+        if not response.is_success:
+            error = f"the LLM server answered {asked} with HTTP {http_status}"
+        if http_status in _NO_MODELS_ENDPOINT:
+            # As answers ask it, through the one LLM client: healthy only if a chat completion comes back.
+            asked = "POST /chat/completions"
+            answered, failure = TechniqueLLM(settings).probe(timeout)
+            http_status = answered if answered is not None else http_status
+            if isinstance(failure, LlmServiceUnavailableError):
+                return LlmStatus("unhealthy", failure.message, info, time.monotonic())
+            error = None
+            if failure is not None:
+                status = f"HTTP {answered}: " if answered is not None else ""
+                error = (
+                    f"the LLM server answered GET /models with HTTP {response.status_code} and {asked} with "
+                    f"{status}{failure.message}; is LLM_BASE_URL an OpenAI-compatible /v1 URL?"
+                )
         info |= {
             "probe": asked,
-            "http_status": response.status_code,
+            "http_status": http_status,
             "probe_ms": round((time.perf_counter() - started) * 1000, 3),
             "cached_for_s": self.cache_s,
         }
-        if response.is_success:
+        if error is None:
             return LlmStatus("healthy", None, info, time.monotonic())
-        error = f"the LLM server answered {asked} with HTTP {response.status_code}"
-        if asked != "GET /models":
-            error += " (and GET /models with 404, 405 or 501): is LLM_BASE_URL an OpenAI-compatible /v1 URL?"
         return LlmStatus("degraded", redact(error, secrets), info, time.monotonic())

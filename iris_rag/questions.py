@@ -154,7 +154,7 @@ LLM_SYSTEM = (
 )
 
 _LLM_LINE = re.compile(
-    r"^\s*(?:\d+[.)]\s*|[-*\u2022]\s*)?(?P<question>.+?\?)[\s\"'\u201d]*\[(?P<number>\d+)\]"
+    r"^\s*(?:\d+[.)]\s*|[-*\u2022]\s*)?(?P<question>.+?\?)[\s\"'\u201d]*\[(?P<number>\d{1,4})\]"
 )
 
 

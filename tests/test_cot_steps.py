@@ -189,3 +189,9 @@ def test_parse_takes_the_last_steps_heading_and_numbered_or_bulleted_lines() -> 
         ("first [1]", ("d1#0", "d1#1")),
         ("second [2]", ("d1#1", "d2#0")),
     ]
+
+
+def test_a_step_citing_a_number_too_long_for_int_is_a_step_citing_nothing() -> None:
+    passages = [Passage(1, "d1", "T1", "x", 0.9, chunk_id="d1#0")]
+    _, reasoning = parse_llm_steps("Answer.\nSteps:\n1. read [" + "9" * 5000 + "] and `a[1]`\n", passages)
+    assert [s.chunk_ids for s in reasoning.steps] == [()]

@@ -13,7 +13,7 @@ import pytest
 from iris_rag.embedder import Embedder
 from iris_rag.errors import GenerationFailedError
 from iris_rag.generation import ExtractiveGenerator, OpenAIGenerator, Passage, nothing_found
-from iris_rag.llm import REPLY_CHARS_PER_TOKEN, TechniqueLLM
+from iris_rag.llm import REPLY_CHARS_PER_TOKEN, TechniqueLLM, strip_unknown_citations
 from iris_rag.llm_health import LlmProbe
 from iris_rag.redaction import RedactingFilter, redact
 from iris_rag.service import RagService
@@ -363,6 +363,7 @@ NOT_A_COMPLETION = [
     ("text/html", "<html><body>Please log in</body></html>"),
     ("application/json", "not json at all"),
     ("application/json", '{"status": "ok"}'),
+    ("application/json", '{"choices": [{}]}'),  # a choice without its message
 ]
 
 
@@ -412,6 +413,25 @@ def test_citations_to_passages_not_sent_are_removed_and_reported(
     generation = result["metadata"]["generation"]
     assert generation["removed_citations"] == [7, 9]
     assert generation["answer_truncated"] is False and generation["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("text", "kept", "removed"),
+    [
+        # Brackets that are no citation: an index, a year, a standard's number, a matrix entry, code.
+        ("Use items[0] to get the first element [1].", "Use items[0] to get the first element [1].", []),
+        ("Smith et al. [2020] showed it [2].", "Smith et al. [2020] showed it [2].", []),
+        ("See RFC [7230] [1].", "See RFC [7230] [1].", []),
+        ("matrix A[1, 2] is zero [3]", "matrix A[1, 2] is zero", [3]),
+        ("f(x)[3] and `a [3]` stay [1][9].", "f(x)[3] and `a [3]` stay [1].", [9]),
+        ("```\nrow = table [3]\n```\nDone [3].", "```\nrow = table [3]\n```\nDone.", [3]),
+        ("x = [" + "9" * 5000 + "] [1]", "x = [" + "9" * 5000 + "] [1]", []),
+        ("Cited [1][2, 9] and [12].", "Cited [1][2] and.", [9, 12]),
+    ],
+)
+def test_only_citations_to_passages_not_sent_are_removed(text: str, kept: str, removed: list[int]) -> None:
+    """[0] after a name, a year, an RFC number, code, a number past any passage's: text, never a citation."""
+    assert strip_unknown_citations(text, {1, 2}) == (kept, removed)
 
 
 def test_a_reply_cut_at_max_tokens_is_marked_truncated(
@@ -501,7 +521,7 @@ def test_a_refusal_for_context_length_names_the_remedy(
 class _NoModelsServer:
     """An HTTP server without GET /models (404): an LLM server that lacks it, or no LLM server at all."""
 
-    def __init__(self, chat_status: int) -> None:
+    def __init__(self, chat_status: int, chat_body: bytes | None = None) -> None:
         self.requests: list[tuple[str, str, dict[str, Any] | None]] = []
         server = self
 
@@ -514,7 +534,8 @@ class _NoModelsServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(("POST", self.path, body))
                 reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "o"}}]}
-                self._send(chat_status, json.dumps(reply if chat_status == 200 else {}).encode())
+                body = json.dumps(reply if chat_status == 200 else {}).encode()
+                self._send(chat_status, body if chat_body is None else chat_body)
 
             def _send(self, status: int, data: bytes) -> None:
                 self.send_response(status)
@@ -551,5 +572,20 @@ def test_a_server_without_get_models_is_healthy_only_if_it_answers_a_chat_comple
         assert len(chat) == 1 and chat[0] is not None and chat[0]["max_tokens"] == 1  # one cheap probe
         probe.check()  # cached, as the /models probe is
         assert len(server.requests) == 2
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("body", [b"<html><body>Please log in</body></html>", b'{"status": "ok"}', b"{}"])
+def test_a_server_without_get_models_answering_no_chat_completion_is_degraded(
+    tmp_path: Path, body: bytes
+) -> None:
+    """A 200 to the chat probe is healthy only if it is a chat completion: a proxy's page is not."""
+    server = _NoModelsServer(200, body)
+    try:
+        status = LlmProbe(_credential_settings(tmp_path, server.base_url)).check()
+        assert status.status == "degraded"
+        assert status.error is not None and "not a chat completion" in status.error
+        assert status.details["http_status"] == 200 and status.details["probe"] == "POST /chat/completions"
     finally:
         server.close()

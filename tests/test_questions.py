@@ -11,7 +11,7 @@ import pytest
 
 from iris_rag.embedder import Embedder
 from iris_rag.errors import CollectionNotFoundError, InvalidParametersError, PipelineNotFoundError
-from iris_rag.questions import VERIFY_TOP_K, SmartQuestionsRequest, pattern_question
+from iris_rag.questions import VERIFY_TOP_K, SmartQuestionsRequest, parse_llm_questions, pattern_question
 from iris_rag.schemas import CORRELATION_FIELDS, tool_spec
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
@@ -175,6 +175,11 @@ def test_llm_questions_keep_only_those_that_retrieve_their_passage(
     finally:
         service.close()
         server.close()
+
+
+def test_an_llm_question_citing_a_number_too_long_for_int_is_skipped() -> None:
+    reply = "1. What does the passage say about rivers? [" + "9" * 5000 + "]\n"
+    assert parse_llm_questions(reply, []) == []
 
 
 def test_a_retriever_is_needed(tmp_path: Path, embedder: Embedder) -> None:

@@ -30,6 +30,8 @@ _FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\
 # Markdown as CommonMark reads it: where its HTML comments are (and are not: code, code spans, escapes).
 _MARKDOWN = MarkdownIt("commonmark")
 _HTML_COMMENT = re.compile(r"<!--(?:-?>|[\s\S]*?-->)")  # CommonMark's: <!-->, <!---> and <!-- ... -->
+# Where a paragraph's source could hold a comment, a code span or an escape (a backslash before punctuation).
+_INLINE_MARKUP = re.compile(r"(?P<escape>\\[!-/:-@\[-`{-~])|(?P<ticks>`+)|<!--")
 _LINE_ENDS = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
 _ESCAPING_LINK = "a symlink that leads outside the allowed folders; skipped"
@@ -355,24 +357,40 @@ def _without_html_comments(text: str) -> str:
         return text
     lines = _LINE_ENDS.split(text)  # markdown-it's lines: it ends one at \r\n, \r or \n
     for token in _MARKDOWN.parse(text):
-        if token.map is None:
+        if token.map is None or token.type not in {"html_block", "inline"}:
             continue
+        first, end = token.map
+        block = "".join(lines[first:end])
         if token.type == "html_block":
             comments = _HTML_COMMENT.findall(token.content)
-        elif token.type == "inline":
+            found = _HTML_COMMENT.finditer(block)
+        else:
             comments = [
                 child.content
                 for child in token.children or []
                 if child.type == "html_inline" and _HTML_COMMENT.fullmatch(child.content)
             ]
-        else:
-            continue
-        first, end = token.map
-        block = "".join(lines[first:end])
-        for comment in comments:  # one in a list item or a quote that spans lines keeps its markers: kept
-            block = block.replace(comment, "", 1)
+            found = _inline_comments(block)
+        # Each comment where it is in the source, in order: the same text quoted before it in a code span
+        # or escaped is no comment. One in a list item or a quote that spans lines keeps its markers: kept.
+        spans = [next((m.span() for m in found if m[0] == comment), (0, 0)) for comment in comments]
+        for start, stop in reversed(spans):
+            block = block[:start] + block[stop:]
         lines[first:end] = [block, *[""] * (end - first - 1)]
     return "".join(lines)
+
+
+def _inline_comments(source: str) -> Iterator[re.Match[str]]:
+    """The HTML comments in a paragraph's source as CommonMark reads it: none in a code span or escaped."""
+    at = 0
+    while (found := _INLINE_MARKUP.search(source, at)) is not None:
+        at = found.end()
+        if found["ticks"]:  # a code span runs to the next run of as many backticks (none: literal ticks)
+            closing = re.compile(rf"(?<!`){found['ticks']}(?!`)").search(source, at)
+            at = closing.end() if closing else at
+        elif found["escape"] is None and (comment := _HTML_COMMENT.match(source, found.start())):
+            at = comment.end()
+            yield comment
 
 
 def _scalar(value: Any) -> str | int | float | bool | None:

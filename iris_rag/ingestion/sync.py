@@ -8,9 +8,10 @@ its id (or, a record, whose file holds its id) is taken as this folder's and rew
 
 Each write and delete checks again, in its transaction, that the document is still this folder's (and, to
 delete it, at the hash read): one another writer stored meanwhile stays. Nothing is deleted that sync could
-not see: the documents of a file it could not read or parse whole, or under a folder it could not list,
-stay as they are. A record id held by two files of the folder stays with
-the file that has it (or, new, with the first in path order); the other is reported on every sync.
+not see: the documents of a file it could not read or parse whole, or under a folder it could not list, stay
+as they are, and so do those an earlier release read from hidden files (reported in a note). A record id held
+by two files of the folder stays with the file that has it (or, new, with the first in path order); the other
+is reported on every sync.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from iris_rag.cancellation import check_cancelled
-from iris_rag.errors import InvalidParametersError
+from iris_rag.errors import CollectionNotFoundError, InvalidParametersError
 from iris_rag.ingestion.ingestor import Ingestor, stored_id
 from iris_rag.ingestion.loaders import (
     SUPPORTED_SUFFIXES,
@@ -65,6 +66,7 @@ class SyncReport:
     deleted: int = 0  # files gone from the folder
     errors: list[SourceError] = field(default_factory=list)
     documents_deleted: int = 0  # every document deleted: of files gone and records gone from a file
+    notes: list[str] = field(default_factory=list)  # worth saying, though nothing failed
 
     def summary(self) -> str:
         """One line for the terminal."""
@@ -178,6 +180,7 @@ def sync_folder(
         msg = f"{folder} is not a folder"
         raise InvalidParametersError(msg)
     root = folder.resolve()
+    existed = store.get_collection(collection_id) is not None
     stored = stored_files(store, collection_id, root)
     ours = {document_id for file in stored.values() for document_id in file.documents}
     adopted: dict[str, str] = {}  # documents of an older release taken as this folder's, with their source
@@ -187,7 +190,13 @@ def sync_folder(
     report = SyncReport()
     errors: list[tuple[int, SourceError]] = []  # each with its file's place in the walk, to report in order
     present: list[_Present] = []
-    unseen: list[str] = []  # paths (relative) sync could not read: nothing at or under them is deleted
+    # Paths (relative) sync could not read, or does not: nothing at or under them is deleted. Hidden files
+    # are left out of the walk; what a release that read them stored stays until deleted by id.
+    hidden = sorted(relative for relative in stored if _hidden_entry(relative) is not None)
+    unseen: list[str] = sorted({entry for relative in hidden if (entry := _hidden_entry(relative))})
+    if hidden:
+        held = sorted(d for relative in hidden for d in stored[relative].documents)
+        report.notes.append(_hidden_note(collection_id, held))
     for item in find_files(root):
         place = len(present)
         if isinstance(item, SourceError):
@@ -219,8 +228,9 @@ def sync_folder(
             if document_id not in owners:
                 stale[document_id] = sha256
                 stale_in[document_id] = relative
+    stale_files = set(stale_in.values())
     # An id that moved to another file (a record from one .jsonl to another) is written again there.
-    _ingest(ingestor, collection_id, root, present, errors, adopted, dry_run=dry_run)
+    _ingest(ingestor, collection_id, root, present, errors, adopted, dry_run=dry_run, existed=existed)
     deleted = stale if dry_run else _delete(store, collection_id, root, stale, adopted)
     report.documents_deleted = len(deleted)
     # A gone file whose documents another writer deleted or replaced first was not deleted by this sync.
@@ -230,11 +240,11 @@ def sync_folder(
     for file in present:
         if file.held:
             continue  # an error (reported): neither added, updated nor unchanged
-        if file.documents is None or not (file.writes or file.relative in stale_in.values()):
+        if file.documents is None or not (file.writes or file.relative in stale_files):
             if file.stored is None and file.dropped:
                 continue  # every document of it left out (reported): nothing of it is stored
             report.unchanged += 1
-        elif file.writes and file.failed == len(file.writes) and file.relative not in stale_in.values():
+        elif file.writes and file.failed == len(file.writes) and file.relative not in stale_files:
             continue  # every document of it refused (reported): neither added nor updated
         elif file.stored is None:
             report.added += 1
@@ -335,6 +345,26 @@ def _relative(location: str, root: Path) -> str | None:
     return None if relative == ".." or relative.startswith("../") else Path(relative).as_posix()
 
 
+def _hidden_entry(relative: str) -> str | None:
+    """The hidden file or folder (left out of the walk) that a path under the folder is or lies under."""
+    parts = relative.split("/")
+    hidden = next((i for i, part in enumerate(parts) if part.startswith(".")), None)
+    return None if hidden is None else "/".join(parts[: hidden + 1])
+
+
+def _hidden_note(collection_id: str, document_ids: list[str]) -> str:
+    """What sync says of documents a release that read hidden files stored: kept, and how to delete them."""
+    count = len(document_ids)
+    them = "it" if count == 1 else "them"
+    ids = " ".join(shlex.quote(d) for d in document_ids)
+    return (
+        f"{count} document{'s' * (count != 1)} read from hidden files by an earlier release "
+        f"{'is' if count == 1 else 'are'} kept: sync leaves hidden files and folders (a name starting with "
+        f"'.') out, and deletes nothing it does not read; to delete {them}: "
+        f"iris-rag delete --collection {shlex.quote(collection_id)} {ids}"
+    )
+
+
 def _under(relative: str, folders: list[str]) -> bool:
     """Whether a path is one of these, or under one ("." holds everything)."""
     return any(f in (".", relative) or relative.startswith(f + "/") for f in folders)
@@ -420,11 +450,14 @@ def _ingest(
     adopted: dict[str, str],
     *,
     dry_run: bool,
+    existed: bool,
 ) -> None:
     """Ingest the files' writes in batches; dry: only check them, as the ingest does.
 
     A document the ingestor refuses (empty text, say) is an error of its file, and so is one that another
-    writer stored meanwhile under its id, not from this folder (sent as text): it is left as it is.
+    writer stored meanwhile under its id, not from this folder (sent as text): it is left as it is. A
+    collection that `existed` when the sync began and is gone at a write was deleted meanwhile: the write
+    would bring it back, with only this batch, so it is CollectionNotFoundError instead.
     """
     owners = [(place, file) for place, file in enumerate(present) for _ in file.writes]
     documents = [document for file in present for document in file.writes]
@@ -432,6 +465,8 @@ def _ingest(
 
     def ours(document_id: str) -> bool:
         held = store.get_document(collection_id, document_id)
+        if held is None and existed and store.get_collection(collection_id) is None:
+            raise _deleted_meanwhile(collection_id)
         return held is None or _still_ours(held, root, adopted)
 
     for start in range(0, len(documents), BATCH):
@@ -465,6 +500,8 @@ def _delete(
     """
     deleted = []
     with store.collection_transaction(collection_id):
+        if stale and store.get_collection(collection_id) is None:
+            raise _deleted_meanwhile(collection_id)
         for document_id, sha256 in stale.items():
             check_cancelled()
             held = store.get_document(collection_id, document_id)
@@ -475,6 +512,11 @@ def _delete(
             if store.delete_document(collection_id, document_id):
                 deleted.append(document_id)
     return deleted
+
+
+def _deleted_meanwhile(collection_id: str) -> CollectionNotFoundError:
+    msg = f"collection {collection_id!r} does not exist (deleted while it was synced)"
+    return CollectionNotFoundError(msg)
 
 
 def _still_ours(held: StoredDocument, root: Path, adopted: dict[str, str]) -> bool:

@@ -182,8 +182,9 @@ class PodcastMaker:
         for document in given:
             citations.cite(document)
         words = round(target_s / 60 * HOST.rate)
-        first = script.llm_prompt(topic, given, citations.numbers, words, self.llm.context_chars)
-        valid = set(citations.numbers.values())
+        first, sent = script.llm_prompt(topic, given, citations.numbers, words, self.llm.context_chars)
+        # Citations only to passages the LLM was sent: those past LLM_CONTEXT_CHARS were not.
+        valid = {citations.numbers[d.chunk.document_id] for d in given[:sent]}
         turns: list[Turn] = []
         seen: set[str] = set()
         error: str | None = None

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from iris_rag.llm import PASSAGES_ARE_DATA, PromptPassage, render_passages, strip_unknown_citations
+from iris_rag.llm import (
+    CITATION_CAP,
+    PASSAGES_ARE_DATA,
+    PromptPassage,
+    citation_marks,
+    render_passages,
+    strip_unknown_citations,
+)
 from iris_rag.pipeline import RetrievedDocument
 from iris_rag.questions import PhraseStatistics, key_phrase, pattern_question
 from iris_rag.text import split_sentences
@@ -25,7 +32,6 @@ ANSWER_SENTENCES = 3
 LLM_PASSAGES = 24
 LLM_PASSAGE_CHARS = 1200
 
-_CITATION = re.compile(r"\s*\[(\d+(?:\s*,\s*\d+)*)\]")
 _MARKUP = re.compile(r"[*_#`>]+")
 
 
@@ -44,7 +50,9 @@ class Turn:
 
     def spoken(self) -> str:
         """The words read aloud: citation marks and markup are for the transcript only."""
-        return " ".join(_MARKUP.sub("", _CITATION.sub("", self.text)).split())
+        # An extractive script numbers up to 150 documents: past CITATION_CAP, its own numbers are marks too.
+        marks = citation_marks(self.text, lambda _: False, max(CITATION_CAP, *self.citations, 0))
+        return " ".join(_MARKUP.sub("", marks.text).split())
 
 
 class Citations:
@@ -133,8 +141,8 @@ def llm_prompt(
     citations: dict[str, int],
     words: int,
     budget: int | None = None,
-) -> str:
-    """The first request: the topic, the length in words, the passages numbered by document.
+) -> tuple[str, int]:
+    """The first request (topic, length in words, passages numbered by document); how many passages it holds.
 
     budget: the passages' characters (LLM_CONTEXT_CHARS); those past it are left out.
     """
@@ -145,7 +153,7 @@ def llm_prompt(
         ),
         budget,
     )
-    return f"Topic: {topic}\nLength: about {words} words.\n\nPassages:\n{numbered.text}"
+    return f"Topic: {topic}\nLength: about {words} words.\n\nPassages:\n{numbered.text}", numbered.sent
 
 
 def continuation_prompt(first_prompt: str, turns: list[Turn], words: int) -> str:
@@ -173,9 +181,7 @@ def parse_script(text: str, valid: set[int], seen: set[str]) -> list[Turn]:
         if not body or key in seen:
             continue
         seen.add(key)
-        cited = sorted(
-            {int(n) for group in _CITATION.findall(body) for n in group.split(",") if int(n) in valid}
-        )
+        cited = sorted(set(citation_marks(body, valid.__contains__).kept))
         speaker: Speaker = "host" if match["speaker"].lower() == "host" else "guest"
         turns.append(Turn(speaker, body, cited))
     return turns

@@ -342,6 +342,21 @@ def test_markdown_html_comments_are_left_out_but_not_in_code(tmp_path: Path) -> 
     assert "    <!-- indented code -->" in document.content
 
 
+def test_a_markdown_comment_goes_where_it_is_not_where_its_text_is_quoted_first(tmp_path: Path) -> None:
+    """The same `<!-- x -->` in a code span or escaped before the comment: the comment goes, they stay."""
+    (tmp_path / "span.md").write_text("Use `<!-- x -->` to hide text, like this <!-- x --> here.\n")
+    (tmp_path / "escaped.md").write_text("\\<!-- x --> shows, <!-- x --> hides.\n")
+    (tmp_path / "both.md").write_text("``a `<!-- x -->` b`` and \\<!-- x -->: <!-- x -->gone <!-- x -->.\n")
+    (tmp_path / "two.md").write_text("A <!-- a --> b `<!-- b -->` <!-- b --> c.\n")
+    docs = {d.id: d.content for d in iter_source(tmp_path) if isinstance(d, SourceDocument)}
+    assert docs == {
+        "two.md": "A  b `<!-- b -->`  c.\n",
+        "span.md": "Use `<!-- x -->` to hide text, like this  here.\n",
+        "escaped.md": "\\<!-- x --> shows,  hides.\n",
+        "both.md": "``a `<!-- x -->` b`` and \\<!-- x -->: gone .\n",
+    }
+
+
 def test_markdown_comment_left_open_and_txt_files_are_kept_as_they_are(tmp_path: Path) -> None:
     """A `<!--` never closed is kept: dropping the rest of the file for one typo would lose its text."""
     unclosed = tmp_path / "open.md"

@@ -12,11 +12,13 @@ import pytest
 
 from iris_rag import cli
 from iris_rag.embedder import Embedder
+from iris_rag.errors import CollectionNotFoundError
 from iris_rag.ingestion import sync
 from iris_rag.ingestion.ingestor import IngestResult
-from iris_rag.ingestion.loaders import SourceDocument
+from iris_rag.ingestion.loaders import SourceDocument, SourceFile, read_file
 from iris_rag.ingestion.sync import SyncReport, sync_folder
 from iris_rag.service import RagService
+from iris_rag.settings import Settings
 from tests.ingestion.make_files import write_pdf
 from tests.ingestion.test_loaders import unreadable
 
@@ -435,6 +437,66 @@ def test_hidden_files_and_folders_are_not_synced(any_service: RagService, folder
     (folder / "sub" / ".cache" / "c.txt").write_text("Cached.", encoding="utf-8")
     assert _counts(_sync(any_service, folder)) == (4, 0, 0, 0, 0)
     assert _ids(any_service) == ["a.md", "c.pdf", "r1", "r2", "sub/b.txt"]
+
+
+def test_documents_read_from_hidden_files_before_they_were_left_out_are_kept_and_reported(
+    folder: Path,
+    tmp_path: Path,
+    embedder: Embedder,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A release that walked hidden entries stored .github/CONTRIBUTING.md: no sync deletes it unasked."""
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_TECHNIQUES", "basic")
+    assert cli.main(["sync", str(folder), "--collection", "notes"]) == 0
+    hidden = folder / ".github" / "CONTRIBUTING.md"
+    hidden.parent.mkdir()
+    hidden.write_text("# Contributing\n\nHow to send patches.", encoding="utf-8")
+    older = RagService(Settings(RAG_DATA_DIR=tmp_path / "data", RAG_TECHNIQUES="basic"), embedder=embedder)
+    try:  # as that release stored it: read from this folder, its path the id
+        stat = hidden.stat()
+        read = read_file(SourceFile(hidden, folder.resolve(), stat.st_size, stat.st_mtime))
+        documents = [document for document in read if isinstance(document, SourceDocument)]
+        assert older.ingestor.ingest("notes", documents).document_ids == [".github/CONTRIBUTING.md"]
+    finally:
+        older.close()
+    capsys.readouterr()
+    for _ in range(2):  # reported on every sync, and never an error
+        assert cli.main(["sync", str(folder), "--collection", "notes"]) == 0
+        out, err = capsys.readouterr()
+        summary = "0 added, 0 updated, 4 unchanged, 0 deleted, 0 errors; 0 documents deleted"
+        assert out.strip().endswith(summary)
+        [note] = err.splitlines()
+        command = "iris-rag delete --collection notes .github/CONTRIBUTING.md"
+        assert note.startswith("note: 1 document read from hidden files") and note.endswith(command)
+    assert cli.main(shlex.split(command)[1:]) == 0
+    capsys.readouterr()
+    assert cli.main(["sync", str(folder), "--collection", "notes"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_collection_deleted_during_a_sync_is_not_brought_back(
+    any_service: RagService, other: RagService, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _sync(any_service, folder)
+    (folder / "a.md").write_text("# A\n\nAnts farm aphids.", encoding="utf-8")
+    _before_each_write(any_service, lambda: other.store.delete_collection("notes"))
+    with pytest.raises(CollectionNotFoundError, match="'notes'"):
+        _sync(any_service, folder)
+    assert any_service.store.get_collection("notes") is None
+    # Deleted before the sync deletes a gone file's documents, with nothing to write: said so too.
+    _sync(other, folder)
+    (folder / "sub" / "b.txt").unlink()
+    delete = sync._delete
+
+    def delete_after(store: Any, collection_id: str, *args: Any) -> list[str]:
+        other.store.delete_collection(collection_id)
+        return delete(store, collection_id, *args)
+
+    monkeypatch.setattr(sync, "_delete", delete_after)
+    with pytest.raises(CollectionNotFoundError, match="'notes'"):
+        _sync(any_service, folder)
 
 
 def _ingest_as_an_older_release(service: RagService, documents: dict[str, tuple[str, str | None]]) -> None:

@@ -190,6 +190,26 @@ def test_citations_to_passages_that_do_not_exist_leave_the_transcript(
         assert cited <= mapped, turn
 
 
+def test_citations_to_passages_cut_by_the_context_budget_leave_the_transcript(
+    loaded: RagService, data_dir: Path, embedder: Embedder
+) -> None:
+    """LLM_CONTEXT_CHARS at its least sends one passage: [2] cites one the LLM never saw."""
+    server = FakeOpenAIServer(reply="HOST: Welcome.\nGUEST: Vitamin D reduces fractures [1] and falls [2].\n")
+    settings = Settings(
+        RAG_DATA_DIR=data_dir, RAG_TECHNIQUES=TECHNIQUES, LLM_CONTEXT_CHARS=1000, **server.llm_settings()
+    )
+    service = RagService(settings, embedder=embedder)
+    try:
+        result = service.generate_podcast({"topic": TOPIC, "collection_id": "sci", "duration_minutes": 1})
+    finally:
+        service.close()
+        server.close()
+    prompt = server.requests[0]["body"]["messages"][1]["content"]
+    assert prompt.count("<passage id=") == 1 and '<passage id="1"' in prompt
+    [turn] = [t for t in result["transcript"] if t["text"].startswith("Vitamin D reduces")]
+    assert (turn["text"], turn["citations"]) == ("Vitamin D reduces fractures [1] and falls.", [1])
+
+
 def test_the_request_model_mirrors_the_schema() -> None:
     assert_model_mirrors_schema("rag_generate_podcast", PodcastRequest, set())
 
