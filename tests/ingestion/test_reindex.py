@@ -6,7 +6,7 @@ moment between the reindex's reads and its write, by wrapping the reindexing ser
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,11 @@ import pytest
 
 from iris_rag.embedder import Embedder
 from iris_rag.errors import CollectionNotFoundError
-from iris_rag.ingestion.ingestor import IngestResult
 from iris_rag.ingestion.loaders import SourceDocument
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from iris_rag.stores.technique_index import DocumentCoverage
+from tests.ingestion.other_writer import before_each_write
 
 
 def _documents(count: int) -> list[SourceDocument]:
@@ -26,26 +26,6 @@ def _documents(count: int) -> list[SourceDocument]:
         SourceDocument(f"d{i}", f"Old text of document {i}, about river deltas.", f"D{i}", {})
         for i in range(count)
     ]
-
-
-@pytest.fixture
-def other(any_service: RagService, embedder: Embedder) -> Iterator[RagService]:
-    """Another process's service on the same store."""
-    rag = RagService(any_service.settings, embedder=embedder)
-    yield rag
-    rag.close()
-
-
-def _before_each_write(service: RagService, act: Callable[[], object]) -> None:
-    """Run `act` inside each of the service's ingests, after the reindex has read the batch."""
-    ingest = service.ingestor.ingest
-
-    def ingest_after(collection_id: str, documents: Iterable[SourceDocument], **options: Any) -> IngestResult:
-        documents = list(documents)
-        act()
-        return ingest(collection_id, documents, **options)
-
-    service.ingestor.ingest = ingest_after  # type: ignore[method-assign]
 
 
 def test_a_document_changed_or_deleted_meanwhile_is_left_as_the_other_writer_left_it(
@@ -57,7 +37,7 @@ def test_a_document_changed_or_deleted_meanwhile_is_left_as_the_other_writer_lef
         other.ingestor.ingest("c", [SourceDocument("d1", "NEW text of document 1.", "D1", {})])
         other.store.delete_document("c", "d2")
 
-    _before_each_write(any_service, other_writes)
+    before_each_write(any_service, other_writes)
     summary = any_service.reindex("c")
     d1 = any_service.store.get_document("c", "d1")
     assert d1 is not None and d1.content == "NEW text of document 1."
@@ -71,7 +51,7 @@ def test_a_collection_deleted_meanwhile_is_collection_not_found(
     any_service: RagService, other: RagService
 ) -> None:
     any_service.ingestor.ingest("c", _documents(3))
-    _before_each_write(any_service, lambda: other.store.delete_collection("c"))
+    before_each_write(any_service, lambda: other.store.delete_collection("c"))
     with pytest.raises(CollectionNotFoundError, match="'c'"):
         any_service.reindex("c")
     assert any_service.store.get_collection("c") is None
@@ -92,7 +72,7 @@ def test_cli_reindex_of_a_collection_deleted_meanwhile_says_so_and_exits_2(
     real_reindex = RagService.reindex
 
     def reindex_with_a_delete(self: RagService, collection_id: str, **options: Any) -> dict[str, Any]:
-        _before_each_write(self, lambda: writer.store.delete_collection(collection_id))
+        before_each_write(self, lambda: writer.store.delete_collection(collection_id))
         return real_reindex(self, collection_id, **options)
 
     monkeypatch.setattr(RagService, "reindex", reindex_with_a_delete)
@@ -134,7 +114,7 @@ def test_reindex_never_takes_the_technique_indexes_away(background: RagService) 
     assert background.index_builder is not None
     background.index_builder.close()
     seen: list[dict[str, int]] = []
-    _before_each_write(background, lambda: seen.append(_coverage(background, "c")))
+    before_each_write(background, lambda: seen.append(_coverage(background, "c")))
     summary = background.reindex("c", batch_size=2)
     assert summary["documents"] == 4
     assert seen == [{"colbert": 4, "noderag": 4}] * 2

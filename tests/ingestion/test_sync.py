@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,12 @@ from iris_rag import cli
 from iris_rag.embedder import Embedder
 from iris_rag.errors import CollectionNotFoundError
 from iris_rag.ingestion import sync
-from iris_rag.ingestion.ingestor import IngestResult
 from iris_rag.ingestion.loaders import SourceDocument, SourceFile, read_file
 from iris_rag.ingestion.sync import SyncReport, sync_folder
 from iris_rag.service import RagService
 from iris_rag.settings import Settings
 from tests.ingestion.make_files import write_pdf
+from tests.ingestion.other_writer import before_each_write
 from tests.ingestion.test_loaders import unreadable
 
 
@@ -327,26 +326,6 @@ def test_a_file_name_that_is_not_utf8_is_reported_and_the_rest_synced(
     assert len(_ids(any_service)) == 5
 
 
-@pytest.fixture
-def other(any_service: RagService, embedder: Embedder) -> Iterator[RagService]:
-    """Another process's service on the same store."""
-    rag = RagService(any_service.settings, embedder=embedder)
-    yield rag
-    rag.close()
-
-
-def _before_each_write(service: RagService, act: Callable[[], object]) -> None:
-    """Run `act` inside each of the service's ingests: after the sync has read the folder and the store."""
-    ingest = service.ingestor.ingest
-
-    def ingest_after(collection_id: str, documents: Iterable[SourceDocument], **options: Any) -> IngestResult:
-        documents = list(documents)
-        act()
-        return ingest(collection_id, documents, **options)
-
-    service.ingestor.ingest = ingest_after  # type: ignore[method-assign]
-
-
 def test_a_document_sent_as_text_meanwhile_under_a_gone_files_id_is_not_deleted(
     any_service: RagService, other: RagService, folder: Path
 ) -> None:
@@ -354,7 +333,7 @@ def test_a_document_sent_as_text_meanwhile_under_a_gone_files_id_is_not_deleted(
     (folder / "sub" / "b.txt").unlink()
     (folder / "a.md").write_text("# A\n\nAnts farm aphids.", encoding="utf-8")
     typed = {"collection_id": "notes", "documents": [{"id": "sub/b.txt", "content": "Typed by a client."}]}
-    _before_each_write(any_service, lambda: other.ingest(typed))
+    before_each_write(any_service, lambda: other.ingest(typed))
     report = _sync(any_service, folder)
     assert (_counts(report), report.documents_deleted) == ((0, 1, 2, 0, 0), 0)
     assert _content(any_service, "sub/b.txt") == "Typed by a client."
@@ -366,7 +345,7 @@ def test_a_document_sent_as_text_meanwhile_under_a_new_files_id_is_not_replaced(
     _sync(any_service, folder)
     (folder / "d.txt").write_text("Dogs were domesticated long ago.", encoding="utf-8")
     typed = {"collection_id": "notes", "documents": [{"id": "d.txt", "content": "Typed by a client."}]}
-    _before_each_write(any_service, lambda: other.ingest(typed))
+    before_each_write(any_service, lambda: other.ingest(typed))
     report = _sync(any_service, folder)
     assert _counts(report) == (0, 0, 4, 0, 1)
     assert report.errors[0].message.startswith(
@@ -382,7 +361,7 @@ def test_two_syncs_at_once_count_only_what_each_deleted(
     (folder / "sub" / "b.txt").unlink()
     (folder / "a.md").write_text("# A\n\nAnts farm aphids.", encoding="utf-8")
     first: list[SyncReport] = []
-    _before_each_write(any_service, lambda: first.append(_sync(other, folder)))
+    before_each_write(any_service, lambda: first.append(_sync(other, folder)))
     second = _sync(any_service, folder)
     assert (_counts(first[0]), first[0].documents_deleted) == ((0, 1, 2, 1, 0), 1)
     assert (_counts(second), second.documents_deleted) == ((0, 1, 2, 0, 0), 0)
@@ -481,7 +460,7 @@ def test_a_collection_deleted_during_a_sync_is_not_brought_back(
 ) -> None:
     _sync(any_service, folder)
     (folder / "a.md").write_text("# A\n\nAnts farm aphids.", encoding="utf-8")
-    _before_each_write(any_service, lambda: other.store.delete_collection("notes"))
+    before_each_write(any_service, lambda: other.store.delete_collection("notes"))
     with pytest.raises(CollectionNotFoundError, match="'notes'"):
         _sync(any_service, folder)
     assert any_service.store.get_collection("notes") is None
@@ -561,7 +540,7 @@ def test_an_older_releases_document_replaced_meanwhile_is_not_deleted(
 ) -> None:
     _ingest_as_an_older_release(any_service, {"gone.md": ("Gnus migrate.", str(folder / "gone.md"))})
     typed = {"collection_id": "notes", "documents": [{"id": "gone.md", "content": "Typed by a client."}]}
-    _before_each_write(any_service, lambda: other.ingest(typed))
+    before_each_write(any_service, lambda: other.ingest(typed))
     report = _sync(any_service, folder)
     assert (_counts(report), report.documents_deleted) == ((4, 0, 0, 0, 0), 0)
     assert _content(any_service, "gone.md") == "Typed by a client."
