@@ -45,6 +45,8 @@ class FakeOpenAIServer:
         self.raw_reply: tuple[str, str] | None = None
         # The error object of a failure (status other than 200): OpenAI's shape, with its code if any.
         self.error: dict[str, Any] = {"message": "fake failure", "type": "server_error"}
+        # GET /models' own status when it differs from the chat's (404: a server without the endpoint).
+        self.models_status: int | None = None
         self.requests: list[dict[str, Any]] = []
         # Called with each chat request as it arrives (a test cancels its request here).
         self.on_request: Callable[[dict[str, Any]], None] | None = None
@@ -108,13 +110,9 @@ class FakeOpenAIServer:
                     "object": "list",
                     "data": [{"id": "fake-model", "object": "model", "owned_by": "fake"}],
                 }
-                payload = models if fake.status == 200 else {"error": {"message": "fake failure"}}
-                data = json.dumps(payload).encode()
-                self.send_response(fake.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                status = fake.status if fake.models_status is None else fake.models_status
+                payload = models if status == 200 else {"error": {"message": "fake failure"}}
+                self._send(status, "application/json", json.dumps(payload).encode())
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -2,9 +2,7 @@ import io
 import json
 import logging
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -518,42 +516,13 @@ def test_a_refusal_for_context_length_names_the_remedy(
     assert "options.top_k" in message and "max_rows" in message and "LLM_CONTEXT_CHARS" in message
 
 
-class _NoModelsServer:
-    """An HTTP server without GET /models (404): an LLM server that lacks it, or no LLM server at all."""
-
-    def __init__(self, chat_status: int, chat_body: bytes | None = None) -> None:
-        self.requests: list[tuple[str, str, dict[str, Any] | None]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                server.requests.append(("GET", self.path, None))
-                self._send(404, b'{"error": "not found"}')
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(("POST", self.path, body))
-                reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "o"}}]}
-                body = json.dumps(reply if chat_status == 200 else {}).encode()
-                self._send(chat_status, body if chat_body is None else chat_body)
-
-            def _send(self, status: int, data: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self._server.server_port}/v1"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+def _no_models_server(chat_status: int, chat_body: bytes | None = None) -> FakeOpenAIServer:
+    """A server without GET /models (404): an LLM server that lacks it, or no LLM server at all."""
+    server = FakeOpenAIServer(reply="o", status=chat_status)
+    server.models_status = 404
+    if chat_body is not None:
+        server.raw_reply = ("application/json", chat_body.decode())
+    return server
 
 
 @pytest.mark.parametrize(("chat_status", "verdict"), [(501, "degraded"), (404, "degraded"), (200, "healthy")])
@@ -561,15 +530,15 @@ def test_a_server_without_get_models_is_healthy_only_if_it_answers_a_chat_comple
     tmp_path: Path, chat_status: int, verdict: str
 ) -> None:
     """A 404 on /models read healthy, though a server that is no LLM failed every answer."""
-    server = _NoModelsServer(chat_status)
+    server = _no_models_server(chat_status)
     try:
         probe = LlmProbe(_credential_settings(tmp_path, server.base_url))
         status = probe.check()
         assert status.status == verdict
         if verdict == "degraded":
             assert status.error is not None and f"HTTP {chat_status}" in status.error
-        chat = [body for method, _path, body in server.requests if method == "POST"]
-        assert len(chat) == 1 and chat[0] is not None and chat[0]["max_tokens"] == 1  # one cheap probe
+        chat = [request["body"] for request in server.requests if request["body"] is not None]
+        assert len(chat) == 1 and chat[0]["max_tokens"] == 1  # one cheap probe
         probe.check()  # cached, as the /models probe is
         assert len(server.requests) == 2
     finally:
@@ -581,7 +550,7 @@ def test_a_server_without_get_models_answering_no_chat_completion_is_degraded(
     tmp_path: Path, body: bytes
 ) -> None:
     """A 200 to the chat probe is healthy only if it is a chat completion: a proxy's page is not."""
-    server = _NoModelsServer(200, body)
+    server = _no_models_server(200, body)
     try:
         status = LlmProbe(_credential_settings(tmp_path, server.base_url)).check()
         assert status.status == "degraded"
