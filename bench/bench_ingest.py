@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import SAMPLE, machine, median, read_jsonl, write
+from bench.common import SAMPLE, local_embedder, machine, median, read_jsonl, write
 from iris_rag.embedder import Embedder
 from iris_rag.ingestion.chunking import chunk_text
 from iris_rag.ingestion.ingestor import Ingestor
@@ -49,7 +49,7 @@ def main() -> None:
     records = read_jsonl(args.corpus, args.limit)
     documents = [SourceDocument(r["_id"], r["text"], r.get("title", ""), {}) for r in records]
     settings = Settings()
-    embedder = Embedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
+    embedder = local_embedder(settings)
     embedder.load()
     texts = [
         embedding_text(d.title, span.text)
@@ -102,6 +102,7 @@ def main() -> None:
             "repeats": args.repeats,
             "techniques": args.techniques,
             "technique_indexes": indexes,
+            "embedding_backend": embedder.backend,
             "raw_encoder_chunks_per_s": raw,
             "index_build": modes[0],
             "ingest_chunks_per_s": first["ingest_chunks_per_s"],

@@ -10,9 +10,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from iris_rag.embedder import Embedder
+    from iris_rag.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "scifact"
@@ -30,6 +34,23 @@ def patched(owner: Any, **values: Any) -> Iterator[None]:
     finally:
         for name, value in previous.items():
             setattr(owner, name, value)
+
+
+def local_embedder(settings: Settings) -> Embedder:
+    """The local encoder a server with these settings runs (EMBEDDING_BACKEND, EMBEDDING_DEVICE): not loaded.
+
+    For a bench that shares one loaded model between its fresh stores; `Embedder(model)` alone measured
+    ONNX whatever EMBEDDING_BACKEND said.
+    """
+    from iris_rag.embedder import Embedder
+
+    return Embedder(
+        settings.embedding_model,
+        batch_size=settings.embedding_batch_size,
+        device=settings.embedding_device,
+        backend=settings.embedding_backend,
+        onnx_dir=settings.embedding_onnx_dir,
+    )
 
 
 def read_jsonl(path: Path, limit: int | None = None) -> list[dict[str, Any]]:

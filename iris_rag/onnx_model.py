@@ -35,6 +35,11 @@ OPSET = 17
 EXPORT_FORMAT = 1  # bumped when the exported graph changes: older exports are then ignored
 FINGERPRINT_BYTES = 1 << 20  # of each weights file: its first and last MiB, with its size
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# One forward pass holds at most this many attention cells (rows x padded length²): ONNX Runtime's memory
+# arena keeps its largest pass's memory for the process's life, and 16 chunks of 256 word pieces in one pass
+# left it 300 MB up (4 rows: 80 MB), no faster (docs/benchmarks.md, "One large document"). Short texts
+# (queries, sentences) still run in whole batches.
+ATTENTION_CELLS_PER_RUN = 4 * 256 * 256
 STALE_PARTIAL_S = 3600  # an export takes about 30 s; a partial file this old belongs to a stopped one
 
 
@@ -238,7 +243,15 @@ class OnnxModel:
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
             "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
         }
-        hidden = self.session.run(None, {k: v for k, v in feeds.items() if k in self._input_names})[0]
+        inputs = {k: v for k, v in feeds.items() if k in self._input_names}
+        length = feeds["input_ids"].shape[1]
+        rows = max(1, ATTENTION_CELLS_PER_RUN // (length * length))
+        hidden = np.concatenate(
+            [
+                self.session.run(None, {k: v[start : start + rows] for k, v in inputs.items()})[0]
+                for start in range(0, len(encodings), rows)
+            ]
+        )
         # Mean pooling over the real tokens, then unit length: sentence-transformers' Pooling and Normalize.
         mask = feeds["attention_mask"][:, :, None].astype(np.float32)
         pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)

@@ -8,6 +8,8 @@ import sys
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -125,3 +127,32 @@ def test_the_tool_reference_gives_each_arguments_limits() -> None:
             for key in ("minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum"):
                 assert key not in schema or f" {schema[key]}" in row, (spec["name"], name, key)
             assert "pattern" not in schema or "pattern" in row or "whitespace" in row, (spec["name"], name)
+
+
+def test_every_result_file_the_benchmarks_doc_cites_is_in_the_repository() -> None:
+    """bench/results/ is git-ignored, so a cited run's JSON stays on one machine unless it is force-added.
+
+    A path with a shell variable (a loop's output name) is not checked; `{a,b}` stands for both files.
+    """
+
+    def expand(path: str) -> list[str]:
+        braces = re.search(r"\{([^{}$]*)\}", path)
+        if braces is None:
+            return [path]
+        before, after = path[: braces.start()], path[braces.end() :]
+        return [name for part in braces[1].split(",") for name in expand(before + part + after)]
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    cited = {
+        name
+        for m in re.finditer(r"bench/results/[\w./{},-]*?\.(?:json|txt)\b", text)
+        for name in expand(m[0])
+    }
+    listed = subprocess.run(
+        ["git", "ls-files", "bench/results"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert len(cited) > 50
+    missing = sorted(cited - set(listed.split()))
+    assert not missing, f"cited by docs/benchmarks.md but not committed (git add -f): {missing}"

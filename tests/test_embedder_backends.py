@@ -260,3 +260,30 @@ def test_a_failed_background_export_keeps_serving_on_torch(tmp_path: Path) -> No
 
 def test_no_background_export_unless_asked(torch_embedder: Embedder) -> None:
     assert torch_embedder.backend == "torch" and torch_embedder.onnx_export is None
+
+
+def test_long_texts_run_a_few_rows_per_pass_with_the_same_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Runtime's arena keeps its largest pass's memory: 16 chunks of 256 pieces in one left 300 MB."""
+    path = resolve_model_path(PACKAGED_MODEL_NAME)
+    export = onnx_model.find_export(path)
+    assert export is not None
+    model = onnx_model.OnnxModel(path, export, threads=1)
+    texts = _sample_texts()[:40]  # abstracts: most fill the 256 word pieces
+    passes: list[tuple[int, int]] = []  # rows, padded length
+    run = model.session.run
+
+    def counted(outputs: object, feeds: dict[str, np.ndarray]) -> object:
+        passes.append(feeds["input_ids"].shape)
+        return run(outputs, feeds)
+
+    monkeypatch.setattr(model.session, "run", counted)
+    capped = model.encode(texts, batch_size=16)
+    assert max(length for _, length in passes) == 256
+    assert all(rows * length**2 <= onnx_model.ATTENTION_CELLS_PER_RUN for rows, length in passes)
+    model.encode(["a short query"] * 64, batch_size=64)  # short texts keep whole batches
+    assert passes[-1][0] == 64
+    monkeypatch.setattr(onnx_model, "ATTENTION_CELLS_PER_RUN", 1 << 40)
+    passes.clear()
+    whole = model.encode(texts, batch_size=16)
+    assert max(rows for rows, _ in passes) == 16
+    assert float(np.min(np.sum(capped * whole, axis=1))) > 1 - 1e-5
