@@ -382,8 +382,11 @@ def render_passages(passages: Iterable[PromptPassage], budget: int | None = None
 # RFC) is no citation; 4 digits at most, so int() never meets the thousands of digits it refuses.
 CITATION_CAP = 99
 # Citation marks, [3] or [1, 3], one or several in a row ([1][2]), with the spaces before them (removed with
-# marks that cite nothing left). Not after a word, ] or ): items[0], A[1, 2] and f(x)[3] index, not cite.
-_CITATIONS = re.compile(r"([ \t]*)(?<![\w\])])((?:\[\d{1,4}(?:\s*,\s*\d{1,4})*\])+)")
+# marks that cite nothing left). Replies glue them to words ("blue[7]."), so one after a word, ] or ) is a
+# citation too, unless what follows makes it an index: items[1].name, a[2](x), m[1][i], v[3] = 0.
+_CITATIONS = re.compile(r"([ \t]*)((?:\[\d{1,4}(?:\s*,\s*\d{1,4})*\])+)")
+_GLUED = re.compile(r"[\w\])]")
+_INDEXED = re.compile(r"[ \t]*=|[\w(\[]|\.\w")
 _MARK = re.compile(r"\[([^\]]*)\]")
 # Code, where [n] is code: fenced blocks (to their closing fence, or the end) and code spans.
 _CODE = re.compile(
@@ -417,6 +420,9 @@ def citation_marks(
 
     def edit(run: re.Match[str]) -> str:
         if any(start <= run.start(2) < end for start, end in code):
+            return run[0]
+        glued = not run[1] and run.start() > 0 and _GLUED.match(text, run.start() - 1) is not None
+        if glued and _INDEXED.match(text, run.end()):
             return run[0]
         marks = []
         for mark in _MARK.finditer(run[2]):

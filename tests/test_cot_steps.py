@@ -191,6 +191,17 @@ def test_parse_takes_the_last_steps_heading_and_numbered_or_bulleted_lines() -> 
     ]
 
 
+def test_a_step_citing_a_passage_right_after_a_word_cites_it() -> None:
+    passages = [
+        Passage(1, "d1", "T1", "x", 0.9, chunk_id="d1#0"),
+        Passage(2, "d2", "T2", "z", 0.7, chunk_id="d2#0"),
+    ]
+    _, reasoning = parse_llm_steps(
+        "Answer.\nSteps:\n1. read the dose[2].\n2. items[1].name is code\n", passages
+    )
+    assert [s.chunk_ids for s in reasoning.steps] == [("d2#0",), ()]
+
+
 def test_a_step_citing_a_number_too_long_for_int_is_a_step_citing_nothing() -> None:
     passages = [Passage(1, "d1", "T1", "x", 0.9, chunk_id="d1#0")]
     _, reasoning = parse_llm_steps("Answer.\nSteps:\n1. read [" + "9" * 5000 + "] and `a[1]`\n", passages)

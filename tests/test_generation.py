@@ -421,7 +421,15 @@ def test_citations_to_passages_not_sent_are_removed_and_reported(
         ("Smith et al. [2020] showed it [2].", "Smith et al. [2020] showed it [2].", []),
         ("See RFC [7230] [1].", "See RFC [7230] [1].", []),
         ("matrix A[1, 2] is zero [3]", "matrix A[1, 2] is zero", [3]),
-        ("f(x)[3] and `a [3]` stay [1][9].", "f(x)[3] and `a [3]` stay [1].", [9]),
+        (
+            "f(x)[3].real, g[3](x), a[3] = 0, m[3][i] and `a [3]` stay [1][9].",
+            "f(x)[3].real, g[3](x), a[3] = 0, m[3][i] and `a [3]` stay [1].",
+            [9],
+        ),
+        # A mark glued to a word, ] or ) and not followed as an index is a citation all the same.
+        ("The sky is blue[7].", "The sky is blue.", [7]),
+        ("Paris is the capital[1][7].", "Paris is the capital[1].", [7]),
+        ("He said (see [1])[7], then[2] left.", "He said (see [1]), then[2] left.", [7]),
         ("```\nrow = table [3]\n```\nDone [3].", "```\nrow = table [3]\n```\nDone.", [3]),
         ("x = [" + "9" * 5000 + "] [1]", "x = [" + "9" * 5000 + "] [1]", []),
         ("Cited [1][2, 9] and [12].", "Cited [1][2] and.", [9, 12]),

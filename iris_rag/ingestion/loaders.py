@@ -30,8 +30,15 @@ _FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\
 # Markdown as CommonMark reads it: where its HTML comments are (and are not: code, code spans, escapes).
 _MARKDOWN = MarkdownIt("commonmark")
 _HTML_COMMENT = re.compile(r"<!--(?:-?>|[\s\S]*?-->)")  # CommonMark's: <!-->, <!---> and <!-- ... -->
-# Where a paragraph's source could hold a comment, a code span or an escape (a backslash before punctuation).
-_INLINE_MARKUP = re.compile(r"(?P<escape>\\[!-/:-@\[-`{-~])|(?P<ticks>`+)|<!--")
+# Where a paragraph's source could hold a comment, a code span or an escape (a backslash before punctuation),
+# or text that is no comment though it may look like one: an HTML tag's attributes (CommonMark's open tag)
+# and a link's destination and title.
+_INLINE_MARKUP = re.compile(
+    r"(?P<escape>\\[!-/:-@\[-`{-~])|(?P<ticks>`+)"
+    r"|<[A-Za-z][A-Za-z0-9-]*(?:\s+[A-Za-z_:][\w.:-]*(?:\s*=\s*(?:[^\s\"'=<>`]+|'[^']*'|\"[^\"]*\"))?)*\s*/?>"
+    r"|\]\(\s*(?:<[^<>\n]*>|[^\s()<>]*)(?:\s+(?:\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|\((?:\\.|[^()\\])*\)))?\s*\)"
+    r"|<!--"
+)
 _LINE_ENDS = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | set(EXTRACTORS) | {".jsonl", ".csv"}
 _ESCAPING_LINK = "a symlink that leads outside the allowed folders; skipped"
@@ -370,7 +377,12 @@ def _without_html_comments(text: str) -> str:
                 for child in token.children or []
                 if child.type == "html_inline" and _HTML_COMMENT.fullmatch(child.content)
             ]
-            found = _inline_comments(block)
+            # Each comment where it is in the source: none in a code span, escaped, in a tag's attribute or
+            # in a link's title. Should the source's comments still not be markdown-it's, one for one, which
+            # is which is not known: the paragraph stays as written.
+            matches = list(_inline_comments(block))
+            same = [m[0] for m in matches] == comments
+            found = iter(matches if same else [])
         # Each comment where it is in the source, in order: the same text quoted before it in a code span
         # or escaped is no comment. One in a list item or a quote that spans lines keeps its markers: kept.
         spans = [next((m.span() for m in found if m[0] == comment), (0, 0)) for comment in comments]

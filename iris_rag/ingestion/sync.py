@@ -5,6 +5,8 @@ Files are told apart by their path relative to the folder (`source_path`) and co
 folder are looked at, so documents ingested as text or from another folder are never touched. Releases
 before source_root existed stored only `source`; such a document whose `source` is the file sync finds at
 its id (or, a record, whose file holds its id) is taken as this folder's and rewritten with its provenance.
+A relative `source` (or a record's bare file name) fits any folder's file of that path: it counts only with
+the text stored, and such a document is never deleted.
 
 Each write and delete checks again, in its transaction, that the document is still this folder's (and, to
 delete it, at the hash read): one another writer stored meanwhile stays. Nothing is deleted that sync could
@@ -30,9 +32,11 @@ from iris_rag.ingestion.ingestor import Ingestor, stored_id
 from iris_rag.ingestion.loaders import (
     SUPPORTED_SUFFIXES,
     CsvColumns,
+    NotDecodable,
     SourceDocument,
     SourceError,
     SourceFile,
+    decoded_text,
     find_files,
     parse_file,
     read_regular_file,
@@ -123,7 +127,7 @@ def _legacy_files(
             continue
         document = store.get_document(collection_id, document_id)
         source = _legacy_source(document)
-        if source is not None and _names(source, root / document_id):
+        if document is not None and source is not None and _names(source, root / document_id, document):
             files[document_id] = StoredFile({document_id: None})
             adopted[document_id] = source
     return files
@@ -144,11 +148,13 @@ def _legacy_source(document: StoredDocument | None) -> str | None:
     return source if isinstance(source, str) and source else None
 
 
-def _names(source: str, path: Path) -> bool:
+def _names(source: str, path: Path, document: StoredDocument) -> bool:
     """Whether an older release's `source` is the file at path.
 
-    It was the path given to `ingest` joined with the file's: absolute, it must lead to that file; relative
-    (to a working folder not recorded), it must end with the path, its leading `..` steps aside.
+    It was the path given to `ingest` joined with the file's: absolute, it must lead to that file. Relative
+    (to a working folder not recorded), it fits any folder's file of that path: only the file there now,
+    holding the very text stored (as that release stored it, whole), is taken for it, never another
+    folder's file of the same name.
     """
     if os.path.isabs(source):
         try:
@@ -158,12 +164,24 @@ def _names(source: str, path: Path) -> bool:
     parts = Path(os.path.normpath(source)).parts
     while parts and parts[0] == "..":
         parts = parts[1:]
-    return bool(parts) and path.parts[-len(parts) :] == parts
+    if not parts or path.parts[-len(parts) :] != parts:
+        return False
+    data = read_regular_file(path)
+    try:
+        return not isinstance(data, SourceError) and decoded_text(data) == document.content
+    except NotDecodable:
+        return False
 
 
-def _legacy_record_of(document: StoredDocument, path: Path) -> bool:
-    """Whether a document is a record an older release read from a .jsonl or .csv of this name."""
-    return path.suffix.lower() in MULTI_RECORD and _legacy_source(document) == path.name
+def _legacy_record_of(held: StoredDocument, path: Path, record: SourceDocument) -> bool:
+    """Whether a document is a record an older release read from this .jsonl or .csv.
+
+    It stored only the file's name, which any folder's file of that name has: the record must also be the
+    one the file holds now under its id, its text unchanged.
+    """
+    if path.suffix.lower() not in MULTI_RECORD or _legacy_source(held) != path.name:
+        return False
+    return held.content == record.content
 
 
 def sync_folder(
@@ -221,13 +239,24 @@ def sync_folder(
     stale: dict[str, str | None] = {}  # documents to delete (their file is gone, or no longer holds them)
     stale_in: dict[str, str] = {}  # with the hash each was read at, and the file each was read from
     found = {file.relative for file in present}
+    # An older release's document known only by a relative source was taken as this folder's because its
+    # file is here: one the walk did not find after all (reached through a linked folder, or removed
+    # meanwhile) may be another folder's, and is never deleted on that evidence.
+    unproven: list[str] = []
     for relative, file_stored in stored.items():
         if _under(relative, unseen):
             continue  # it, or a folder above it, could not be read: not gone
         for document_id, sha256 in file_stored.documents.items():
-            if document_id not in owners:
-                stale[document_id] = sha256
-                stale_in[document_id] = relative
+            if document_id in owners:
+                continue
+            if document_id in adopted and not os.path.isabs(adopted[document_id]):
+                unproven.append(document_id)
+                unseen.append(relative)
+                continue
+            stale[document_id] = sha256
+            stale_in[document_id] = relative
+    if unproven:
+        report.notes.append(_unproven_note(collection_id, unproven))
     stale_files = set(stale_in.values())
     # An id that moved to another file (a record from one .jsonl to another) is written again there.
     _ingest(ingestor, collection_id, root, present, errors, adopted, dry_run=dry_run, existed=existed)
@@ -365,6 +394,19 @@ def _hidden_note(collection_id: str, document_ids: list[str]) -> str:
     )
 
 
+def _unproven_note(collection_id: str, document_ids: list[str]) -> str:
+    """What sync says of an older release's documents it could not tell were this folder's: kept."""
+    count = len(document_ids)
+    them = "it" if count == 1 else "them"
+    ids = " ".join(shlex.quote(d) for d in document_ids)
+    return (
+        f"{count} document{'s' * (count != 1)} an older release stored with a relative source "
+        f"{'is' if count == 1 else 'are'} kept: sync did not find {them} in this folder, and another folder "
+        f"may hold {them}; if gone, delete {them}: iris-rag delete --collection {shlex.quote(collection_id)} "
+        f"{ids}"
+    )
+
+
 def _under(relative: str, folders: list[str]) -> bool:
     """Whether a path is one of these, or under one ("." holds everything)."""
     return any(f in (".", relative) or relative.startswith(f + "/") for f in folders)
@@ -393,7 +435,7 @@ def _not_held_elsewhere(
             if document.id is None or document.id in ours
             else store.get_document(collection_id, document.id)
         )
-        if held is not None and _legacy_record_of(held, Path(file.path)):
+        if held is not None and _legacy_record_of(held, Path(file.path), document):
             adopted[held.id] = Path(file.path).name
             ours.add(held.id)
             file.stored = file.stored or StoredFile()

@@ -183,9 +183,16 @@ class WorkerServer:
             executor = self.work
             token = CancelToken()
             with self._admitted_lock:
+                # Answers, progress and cancels name a request by its id: a second one in flight under the
+                # same id (only a client of the worker itself can send it) could not be told apart.
+                taken = request.id in self._admitted
                 full = len(self._admitted) >= self.max_in_flight
-                if not full:
+                if not (taken or full):
                     self._admitted[request.id] = _Admitted(request, token, time.perf_counter())
+            if taken:
+                message = f"request id {request.id!r} is already in flight; each request needs its own id"
+                self.write(error_line(request.id, {"code": "MALFORMED_REQUEST", "message": message}))
+                return
             if full:
                 message = f"{self.max_in_flight} requests already running (MAX_CONCURRENT_REQUESTS)"
                 self.write(error_line(request.id, {"code": "RATE_LIMIT_EXCEEDED", "message": message}))

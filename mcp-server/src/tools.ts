@@ -150,7 +150,8 @@ export class ToolRouter {
    * One tools/call; `signal` (the client's notifications/cancelled) cancels it in the worker too.
    * `principal` is the HTTP caller (absent on stdio: the local user may call everything). `onProgress`
    * gets the worker's steps (the client asked for them with a progressToken). An unknown tool throws
-   * McpError -32602 (a protocol error), after it is recorded (as UNKNOWN_TOOL) and has spent its token.
+   * McpError -32602 (a protocol error), even over the key's rate, after it is recorded (as UNKNOWN_TOOL)
+   * and has spent its token.
    */
   async callTool(
     name: string,
@@ -169,22 +170,27 @@ export class ToolRouter {
       this.recordFrontEndFailure(recorded, technique, started, error.code, principal, correlation);
       return errorResult(withCorrelation(error, correlation));
     };
+    let limited: BridgeError | undefined;
     if (principal) {
       // Every tools/call spends a token (README), first: names that are no tools, or tools the key may not
       // use, are no way past the key's rate.
       const waitMs = this.limiter.take(principal);
       if (waitMs > 0) {
-        return fail(new BridgeError("RATE_LIMIT_EXCEEDED", rateLimitMessage(principal, waitMs), { retry_after_ms: waitMs }));
+        limited = new BridgeError("RATE_LIMIT_EXCEEDED", rateLimitMessage(principal, waitMs), { retry_after_ms: waitMs });
       }
     }
     if (!entry) {
       // The name is the client's: keep it short and valid Unicode before it is echoed.
       const shown = name.slice(0, 128).replace(LONE_SURROGATES, "\uFFFD");
-      this.recordFrontEndFailure(recorded, undefined, started, "PIPELINE_NOT_FOUND", principal, correlation);
+      // Over the rate, it is recorded so (rag_metrics counts every call the rate refused); the answer is the
+      // protocol error an unknown tool always is, whatever the bucket holds.
+      const code = limited?.code ?? "PIPELINE_NOT_FOUND";
+      this.recordFrontEndFailure(recorded, undefined, started, code, principal, correlation);
       const known = [...this.catalog.keys()].join(", ");
       // MCP 2025-06-18 (tools, Error Handling): an unknown tool is a protocol error, not a tool result.
       throw new McpError(ErrorCode.InvalidParams, `Unknown tool: ${shown}; available tools: ${known}`);
     }
+    if (limited) return fail(limited);
     if (principal) {
       const scope = requiredScope(entry.spec.annotations);
       if (!hasScope(principal, scope)) {

@@ -357,6 +357,20 @@ def test_a_markdown_comment_goes_where_it_is_not_where_its_text_is_quoted_first(
     }
 
 
+def test_comment_text_in_a_link_title_or_a_tag_attribute_is_no_comment(tmp_path: Path) -> None:
+    """It is the title's or the attribute's text: the comment after it goes, it stays."""
+    (tmp_path / "link.md").write_text('[a](/u "<!-- x -->") and <!-- x --> end\n')
+    (tmp_path / "tag.md").write_text('<span title="<!-- y -->">s</span> <!-- y --> end\n')
+    # A destination with parentheses inside: which `<!-- z -->` is the comment is not told, so both stay.
+    (tmp_path / "unsure.md").write_text('[a](/u(1) "<!-- z -->") and <!-- z --> end\n')
+    docs = {d.id: d.content for d in iter_source(tmp_path) if isinstance(d, SourceDocument)}
+    assert docs == {
+        "link.md": '[a](/u "<!-- x -->") and  end\n',
+        "tag.md": '<span title="<!-- y -->">s</span>  end\n',
+        "unsure.md": '[a](/u(1) "<!-- z -->") and <!-- z --> end\n',
+    }
+
+
 def test_markdown_comment_left_open_and_txt_files_are_kept_as_they_are(tmp_path: Path) -> None:
     """A `<!--` never closed is kept: dropping the rest of the file for one typo would lose its text."""
     unclosed = tmp_path / "open.md"

@@ -544,3 +544,44 @@ def test_an_older_releases_document_replaced_meanwhile_is_not_deleted(
     report = _sync(any_service, folder)
     assert (_counts(report), report.documents_deleted) == ((4, 0, 0, 0, 0), 0)
     assert _content(any_service, "gone.md") == "Typed by a client."
+
+
+def test_an_older_releases_relative_source_is_never_another_folders_file(
+    any_service: RagService, folder: Path, tmp_path: Path
+) -> None:
+    """`iris-rag ingest .` stored `source` "y.md", which any folder's y.md ends with: the same text counts."""
+    legacy: dict[str, tuple[str, str | None]] = {
+        "x.md": ("Xylophones from folder A.", "x.md"),
+        "y.md": ("Yaks from folder A.", "y.md"),
+        "r1": ("Rivers of folder A.", "records.jsonl"),
+        "sub/b.txt": ("Bats hunt by echolocation.", "b.txt"),  # this folder's, its text unchanged
+    }
+    _ingest_as_an_older_release(any_service, legacy)
+    (folder / "y.md").write_text("Yodels of this folder.", encoding="utf-8")
+    for dry_run in (True, False):
+        report = _sync(any_service, folder, dry_run=dry_run)
+        assert (_counts(report), report.documents_deleted) == ((3, 1, 0, 0, 2), 0), dry_run
+        assert [(Path(e.location).name, e.message.split(";")[0]) for e in report.errors] == [
+            ("records.jsonl", "document id 'r1' is already in 'notes', not read from a folder"),
+            ("y.md", "document id 'y.md' is already in 'notes', not read from a folder"),
+        ]
+    for document_id in ("x.md", "y.md", "r1"):
+        assert _content(any_service, document_id) == legacy[document_id][0], document_id
+    stored = any_service.store.get_document("notes", "sub/b.txt")
+    assert stored is not None and stored.metadata["source_root"] == str(folder)
+
+
+def test_an_older_releases_relative_document_the_walk_misses_is_kept_with_a_note(
+    any_service: RagService, folder: Path
+) -> None:
+    """A file reached through a linked folder is walked under its real path only: its old id is not gone."""
+    (folder / "linked").symlink_to(folder / "sub", target_is_directory=True)
+    _ingest_as_an_older_release(any_service, {"linked/b.txt": ("Bats hunt by echolocation.", "linked/b.txt")})
+    report = _sync(any_service, folder)
+    assert (_counts(report), report.documents_deleted) == ((4, 0, 0, 0, 0), 0)
+    assert report.notes == [
+        "1 document an older release stored with a relative source is kept: sync did not find it in this "
+        "folder, and another folder may hold it; if gone, delete it: iris-rag delete --collection notes "
+        "linked/b.txt"
+    ]
+    assert "linked/b.txt" in _ids(any_service)

@@ -17,6 +17,7 @@ from iris_rag.cancellation import CancelToken, cancellation_scope
 from iris_rag.embedder import Embedder
 from iris_rag.errors import DocumentNotFoundError, InvalidParametersError, RequestCancelledError
 from iris_rag.podcast.maker import PodcastRequest
+from iris_rag.podcast.script import parse_script
 from iris_rag.podcast.speech import rms
 from iris_rag.progress import ProgressSink, progress_scope
 from iris_rag.service import RagService
@@ -208,6 +209,15 @@ def test_citations_to_passages_cut_by_the_context_budget_leave_the_transcript(
     assert prompt.count("<passage id=") == 1 and '<passage id="1"' in prompt
     [turn] = [t for t in result["transcript"] if t["text"].startswith("Vitamin D reduces")]
     assert (turn["text"], turn["citations"]) == ("Vitamin D reduces fractures [1] and falls.", [1])
+
+
+def test_a_citation_right_after_a_word_is_cited_and_not_read_aloud() -> None:
+    [turn] = parse_script("GUEST: It was warm[3], they said[9].", {3}, set())
+    assert (turn.text, turn.citations, turn.spoken()) == (
+        "It was warm[3], they said.",
+        [3],
+        "It was warm, they said.",
+    )
 
 
 def test_the_request_model_mirrors_the_schema() -> None:

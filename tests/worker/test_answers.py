@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import math
 import re
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -74,3 +76,29 @@ def test_the_front_end_reads_every_answer_line_the_worker_may_write() -> None:
     match = re.search(r"export const MAX_ANSWER_BYTES = ([\d_ *]+);", source)
     assert match, "bridge.ts defines MAX_ANSWER_BYTES"
     assert math.prod(int(factor) for factor in match.group(1).replace("_", "").split("*")) == MAX_ANSWER_BYTES
+
+
+def test_a_second_request_with_the_id_of_one_in_flight_is_refused_and_both_are_answered(
+    service: RagService,
+) -> None:
+    """Its answer could never be told from the first's (and its run lost track of the id): refused at once."""
+    dispatcher = Dispatcher(service)
+    release = threading.Event()
+    dispatcher.methods["get_document"] = lambda _params: {"done": release.wait(10)}
+    output = io.BytesIO()
+    server = WorkerServer(dispatcher, output, work_threads=2)
+    lines = [orjson.dumps({"id": 5, "method": "get_document", "params": {}}) + b"\n"] * 2
+    serving = threading.Thread(target=server.serve, args=(io.BytesIO(b"".join(lines)),))
+    serving.start()
+    deadline = time.monotonic() + 10
+    while b"MALFORMED_REQUEST" not in output.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    serving.join(10)
+    answers = [orjson.loads(line) for line in output.getvalue().splitlines()]
+    assert [(a["id"], a["success"]) for a in answers] == [(5, False), (5, True)]
+    assert answers[0]["error"]["code"] == "MALFORMED_REQUEST"
+    assert (
+        answers[0]["error"]["message"] == "request id 5 is already in flight; each request needs its own id"
+    )
+    assert answers[1]["result"] == {"done": True}

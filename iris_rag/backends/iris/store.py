@@ -347,9 +347,20 @@ class IrisStore:
                         f"INSERT INTO {SCHEMA}.Migrations (step, description, applied_at) VALUES (?, ?, ?)",
                         (step, description, _now()),
                     )
-            finally:
-                if not self._local.lost:  # a lost connection's process ended, and its locks with it
-                    self.execute(f"UNLOCK TABLE {SCHEMA}.Migrations IN EXCLUSIVE MODE")
+            except BaseException:
+                try:
+                    self._unlock_migrations()
+                except Exception:  # the step's own error is the one to raise: this one is only logged
+                    logger.warning(
+                        "could not unlock %s.Migrations after a failed schema step", SCHEMA, exc_info=True
+                    )
+                raise
+            self._unlock_migrations()
+
+    def _unlock_migrations(self) -> None:
+        """Release the schema lock (or, in a transaction, as it ends)."""
+        if not self._local.lost:  # a lost connection's process ended, and its locks with it
+            self.execute(f"UNLOCK TABLE {SCHEMA}.Migrations IN EXCLUSIVE MODE")
 
     def _with_vector_tables(self, step: int, statements: list[str]) -> list[str]:
         """A step's statements, and for the EXACT collation step those of the vector tables there are.

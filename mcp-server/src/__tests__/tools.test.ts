@@ -183,10 +183,11 @@ describe("ToolRouter", () => {
     const forbidden = await router.callTool("rag_ingest", {}, undefined, reader);
     assert.equal(parseText(forbidden).error.code, "FORBIDDEN");
     // The bucket (2 a minute) is empty: neither a name that is no tool nor a forbidden tool goes past it.
-    for (const name of ["rag_nope", "rag_ingest"]) {
-      const limited = await router.callTool(name, {}, undefined, reader);
-      assert.equal(parseText(limited).error.code, "RATE_LIMIT_EXCEEDED");
-    }
+    // A name that is no tool is still the protocol error it always is (MCP), recorded as over the rate.
+    await assert.rejects(router.callTool("rag_nope", {}, undefined, reader), (error: unknown) =>
+      error instanceof McpError && error.code === ErrorCode.InvalidParams && /Unknown tool: rag_nope/.test(error.message));
+    const limited = await router.callTool("rag_ingest", {}, undefined, reader);
+    assert.equal(parseText(limited).error.code, "RATE_LIMIT_EXCEEDED");
     assert.deepEqual(
       calls.map(({ params }) => [params.tool, params.error_code]),
       [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from iris_rag.stores.base import (
     NewCollection,
 )
 from iris_rag.techniques.colbert.storage import TokenRow
-from tests.backends.iris.iris_double import Server, install, listening_port
+from tests.backends.iris.iris_double import Cursor, Server, install, listening_port
 
 VECTOR = np.full(4, 0.5, dtype=np.float32)
 
@@ -175,6 +176,24 @@ def test_a_failed_schema_step_releases_the_lock(
     with pytest.raises(Exception, match="no such table"):
         IrisStore(target)
     assert server.table_locks == {}
+
+
+def test_a_failed_schema_step_is_the_error_raised_even_when_the_unlock_fails(
+    server: Server, target: IrisTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The UNLOCK after it may fail too (the connection in trouble): it must not hide why the step failed."""
+    broken = [*schema.MIGRATIONS, (99, "a step that fails", ["INSERT INTO IrisRag.Missing (x) VALUES (1)"])]
+    monkeypatch.setattr(store_module, "MIGRATIONS", broken)
+    run = Cursor._run
+
+    def unlock_fails(cursor: Cursor, statement: str, many: list[list[Any]]) -> None:
+        if statement.startswith("UNLOCK TABLE"):
+            raise RuntimeError("[SQLCODE: <-400>] the unlock failed")
+        run(cursor, statement, many)
+
+    monkeypatch.setattr(Cursor, "_run", unlock_fails)
+    with pytest.raises(Exception, match="no such table"):
+        IrisStore(target)
 
 
 def test_a_lock_held_past_the_timeout_is_a_retryable_error(server: Server, target: IrisTarget) -> None:
