@@ -214,7 +214,15 @@ def sync_folder(
     unseen: list[str] = sorted({entry for relative in hidden if (entry := _hidden_entry(relative))})
     if hidden:
         held = sorted(d for relative in hidden for d in stored[relative].documents)
-        report.notes.append(_hidden_note(collection_id, held))
+        report.notes.append(
+            _kept_note(
+                collection_id,
+                held,
+                "read from hidden files by an earlier release",
+                "sync leaves hidden files and folders (a name starting with '.') out, and deletes nothing it "
+                "does not read; to delete {them}",
+            )
+        )
     for item in find_files(root):
         place = len(present)
         if isinstance(item, SourceError):
@@ -256,7 +264,15 @@ def sync_folder(
             stale[document_id] = sha256
             stale_in[document_id] = relative
     if unproven:
-        report.notes.append(_unproven_note(collection_id, unproven))
+        report.notes.append(
+            _kept_note(
+                collection_id,
+                unproven,
+                "an older release stored with a relative source",
+                "sync did not find {them} in this folder, and another folder may hold {them}; if gone, "
+                "delete {them}",
+            )
+        )
     stale_files = set(stale_in.values())
     # An id that moved to another file (a record from one .jsonl to another) is written again there.
     _ingest(ingestor, collection_id, root, present, errors, adopted, dry_run=dry_run, existed=existed)
@@ -381,29 +397,18 @@ def _hidden_entry(relative: str) -> str | None:
     return None if hidden is None else "/".join(parts[: hidden + 1])
 
 
-def _hidden_note(collection_id: str, document_ids: list[str]) -> str:
-    """What sync says of documents a release that read hidden files stored: kept, and how to delete them."""
+def _kept_note(collection_id: str, document_ids: list[str], stored: str, why: str) -> str:
+    """What sync says of documents it keeps without reading them, and the command that deletes them.
+
+    stored: who stored them ("read from hidden files by an earlier release"); why: why they are kept, with
+    {them} where the pronoun goes.
+    """
     count = len(document_ids)
     them = "it" if count == 1 else "them"
     ids = " ".join(shlex.quote(d) for d in document_ids)
     return (
-        f"{count} document{'s' * (count != 1)} read from hidden files by an earlier release "
-        f"{'is' if count == 1 else 'are'} kept: sync leaves hidden files and folders (a name starting with "
-        f"'.') out, and deletes nothing it does not read; to delete {them}: "
-        f"iris-rag delete --collection {shlex.quote(collection_id)} {ids}"
-    )
-
-
-def _unproven_note(collection_id: str, document_ids: list[str]) -> str:
-    """What sync says of an older release's documents it could not tell were this folder's: kept."""
-    count = len(document_ids)
-    them = "it" if count == 1 else "them"
-    ids = " ".join(shlex.quote(d) for d in document_ids)
-    return (
-        f"{count} document{'s' * (count != 1)} an older release stored with a relative source "
-        f"{'is' if count == 1 else 'are'} kept: sync did not find {them} in this folder, and another folder "
-        f"may hold {them}; if gone, delete {them}: iris-rag delete --collection {shlex.quote(collection_id)} "
-        f"{ids}"
+        f"{count} document{'s' * (count != 1)} {stored} {'is' if count == 1 else 'are'} kept: "
+        f"{why.format(them=them)}: iris-rag delete --collection {shlex.quote(collection_id)} {ids}"
     )
 
 
