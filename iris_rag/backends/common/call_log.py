@@ -6,6 +6,10 @@ from typing import Any
 
 from iris_rag.stores.base import CallFilter
 
+# A call record's columns in CallFigures' order, then the caller's ids: what every store writes and reads.
+CALL_FIGURE_COLUMNS = "ts, tool, technique, duration_ms, success, error_code, principal"
+CALL_COLUMNS = f"{CALL_FIGURE_COLUMNS}, request_id, session_id"
+
 
 def covered_calls(which: CallFilter, before: float | None = None, *, mark: str) -> tuple[str, list[Any]]:
     """The WHERE clause, and its parameters, of the call records a filter covers (before a UNIX time).

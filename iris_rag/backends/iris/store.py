@@ -29,7 +29,7 @@ import numpy.typing as npt
 import orjson
 
 from iris_rag.backends.common.bm25 import Postings, Totals, bm25_scores, query_stems, term_frequencies
-from iris_rag.backends.common.call_log import covered_calls
+from iris_rag.backends.common.call_log import CALL_COLUMNS, CALL_FIGURE_COLUMNS, covered_calls
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.iris.filters import matches
 from iris_rag.backends.iris.schema import (
@@ -86,10 +86,6 @@ BATCH = 500
 MAX_TERM_BYTES = 200
 # The driver's error text carries the SQLCODE: -110 and -114 are lock time-outs (LockTimeout, 10 s).
 _LOCK_TIMEOUT_CODES = ("<-110>", "<-114>")
-
-
-# A call record's columns, in CallRecord's order.
-_CALL_COLUMNS = "ts, tool, technique, duration_ms, success, error_code, principal, request_id, session_id"
 
 
 def _call_record(row: tuple[Any, ...]) -> CallRecord:
@@ -1093,9 +1089,7 @@ class IrisStore:
         """Append one call record."""
         with self.transaction():
             self.execute(
-                f"""INSERT INTO {SCHEMA}.Calls (ts, tool, technique, duration_ms, success, error_code,
-                       principal, request_id, session_id)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                f"INSERT INTO {SCHEMA}.Calls ({CALL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.timestamp,
                     record.tool,
@@ -1111,7 +1105,7 @@ class IrisStore:
 
     def calls_since(self, since: float) -> list[CallRecord]:
         """Every call record at or after a UNIX time."""
-        rows = self.rows(f"SELECT {_CALL_COLUMNS} FROM {SCHEMA}.Calls WHERE ts >= ? ORDER BY ts", (since,))
+        rows = self.rows(f"SELECT {CALL_COLUMNS} FROM {SCHEMA}.Calls WHERE ts >= ? ORDER BY ts", (since,))
         return [_call_record(row) for row in rows]
 
     def call_totals(self, which: CallFilter, before: float | None = None) -> CallTotals:
@@ -1127,8 +1121,7 @@ class IrisStore:
         """The figures of the call records a filter covers, in time order."""
         expression, parameters = covered_calls(which, mark="?")
         rows = self.rows(
-            f"""SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM {SCHEMA}.Calls
-                WHERE {expression} ORDER BY ts""",
+            f"SELECT {CALL_FIGURE_COLUMNS} FROM {SCHEMA}.Calls WHERE {expression} ORDER BY ts",
             parameters,
         )
         return [(float(r[0]), r[1], r[2], float(r[3]), int(r[4]), r[5], r[6]) for r in rows]
@@ -1137,8 +1130,7 @@ class IrisStore:
         """The latest call records a filter covers, newest first."""
         expression, parameters = covered_calls(which, mark="?")
         rows = self.rows(
-            f"SELECT TOP {int(limit)} {_CALL_COLUMNS} FROM {SCHEMA}.Calls "
-            f"WHERE {expression} ORDER BY ts DESC",
+            f"SELECT TOP {int(limit)} {CALL_COLUMNS} FROM {SCHEMA}.Calls WHERE {expression} ORDER BY ts DESC",
             parameters,
         )
         return [_call_record(row) for row in rows]

@@ -38,7 +38,7 @@ from iris_rag.backends.common.bm25 import (
     query_stems,
     term_frequencies,
 )
-from iris_rag.backends.common.call_log import covered_calls
+from iris_rag.backends.common.call_log import CALL_COLUMNS, CALL_FIGURE_COLUMNS, covered_calls
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.postgres import keyword_blocks
 from iris_rag.backends.postgres.filters import to_sql
@@ -1318,8 +1318,7 @@ class PostgresStore:
     def record_call(self, record: CallRecord) -> None:
         """Append one call record."""
         self.connection().execute(
-            "INSERT INTO calls (ts, tool, technique, duration_ms, success, error_code, principal, "
-            "request_id, session_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            f"INSERT INTO calls ({CALL_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 record.timestamp,
                 record.tool,
@@ -1360,8 +1359,7 @@ class PostgresStore:
         where, parameters = covered_calls(which, mark="%s")
         with self.connection().cursor(row_factory=tuple_row) as cursor:
             return cursor.execute(
-                "SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM calls "
-                f"WHERE {where} ORDER BY ts",
+                f"SELECT {CALL_FIGURE_COLUMNS} FROM calls WHERE {where} ORDER BY ts",
                 parameters,
             ).fetchall()
 

@@ -21,7 +21,7 @@ import numpy.typing as npt
 import orjson
 
 from iris_rag.backends.common.bm25 import token_counts, tokenize
-from iris_rag.backends.common.call_log import covered_calls
+from iris_rag.backends.common.call_log import CALL_COLUMNS, CALL_FIGURE_COLUMNS, covered_calls
 from iris_rag.backends.common.technique_storage import TechniqueStorages
 from iris_rag.backends.sqlite.filters import json_path, register_functions, to_sql
 from iris_rag.backends.sqlite.postings import KeywordPostings, PostingRow, encode
@@ -1697,8 +1697,7 @@ class SqliteStore:
         """Append one call record."""
         with self._write_lock:
             self._connection().execute(
-                "INSERT INTO calls (ts, tool, technique, duration_ms, success, error_code, principal, "
-                "request_id, session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO calls ({CALL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.timestamp,
                     record.tool,
@@ -1739,8 +1738,7 @@ class SqliteStore:
         cursor = self._connection().cursor()
         cursor.row_factory = None  # plain tuples: this can be every call of a busy month
         return cursor.execute(
-            "SELECT ts, tool, technique, duration_ms, success, error_code, principal FROM calls "
-            f"WHERE {where} ORDER BY ts",
+            f"SELECT {CALL_FIGURE_COLUMNS} FROM calls WHERE {where} ORDER BY ts",
             parameters,
         ).fetchall()
 
